@@ -1,0 +1,39 @@
+# longmoe: every target that needs the virtual environment builds it first.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export PYTHONHASHSEED := 0
+
+.PHONY: venv test test-all lint format bench demo clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,peers]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check longmoe tests bench
+
+format: $(STAMP)
+	$(BIN)/ruff format longmoe tests bench
+	$(BIN)/ruff check --fix longmoe tests bench
+
+test: lint
+	$(BIN)/pytest -q
+
+test-all: lint
+	$(BIN)/pytest -q -m ''
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+demo: $(STAMP)
+	$(BIN)/python bench/kda.py --quick
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

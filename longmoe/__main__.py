@@ -1,0 +1,3 @@
+from longmoe.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""The single entry point: ``longmoe <command>``.
+
+Each command lives in its own module, which defines ``add_arguments(parser)`` and ``run(args) -> int``.
+Modules are imported only when their command is used, so ``longmoe --help`` stays fast and a command
+whose optional pieces are missing does not break the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from longmoe import __version__
+
+# name -> (module path, one-line help). Add a command by adding a line here.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "version": ("longmoe.cli", "print the longmoe version"),
+    "inspect": ("longmoe.inspect", "parameter, sparsity and cache-memory accounting for a config"),
+    "train": ("longmoe.train.cli", "pretrain a model through a context curriculum"),
+    "plot": ("longmoe.train.plots", "render loss/balance plots for a training run directory"),
+    "demo": ("longmoe.train.demo", "end-to-end demo: tokenizer, curriculum pretraining, eval, report"),
+    "generate": ("longmoe.serve.cli_generate", "generate text from a prompt, streamed to the terminal"),
+    "chat": ("longmoe.serve.cli_chat", "interactive chat REPL using the tokenizer's chat template"),
+    "serve": ("longmoe.serve.cli_serve", "OpenAI-compatible HTTP server"),
+    "eval": ("longmoe.eval.cli", "long-context evaluation (niah, multihop, conflict, recall, ppl)"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:  # the `version` command
+    del parser
+
+
+def run(args: argparse.Namespace) -> int:  # the `version` command
+    print(f"longmoe {__version__}")
+    return 0
+
+
+def _available() -> dict[str, tuple[str, str]]:
+    """Commands whose module can be found (later work adds modules; missing ones are hidden)."""
+    out = {}
+    for name, (mod, help_) in COMMANDS.items():
+        if importlib.util.find_spec(mod) is not None:
+            out[name] = (mod, help_)
+    return out
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="longmoe",
+        description="longmoe: train, serve and evaluate a hybrid linear-attention sparse MoE LM.",
+    )
+    parser.add_argument("--version", action="version", version=f"longmoe {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    for name, (mod, help_) in _available().items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if name == command:  # only import the module of the command being run
+            m = importlib.import_module(mod)
+            m.add_arguments(p)
+            p.set_defaults(_run=m.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

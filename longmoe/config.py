@@ -1,0 +1,247 @@
+"""Typed, validated model configuration (``config.json``) and the named presets.
+
+Every field is checked on construction; errors name the field and the allowed values so a user
+editing ``config.json`` by hand knows exactly what to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LAYER_KINDS = {"L": "KDA linear attention", "M": "gated NoPE MLA"}
+FFN_KINDS = ("dense", "moe")
+GLU_KINDS = ("swiglu", "geglu")
+BALANCERS = ("quantile", "sign", "aux", "none")
+DECAY_GATES = ("bounded", "softplus")
+DTYPES = ("float32", "bfloat16")
+
+
+class ConfigError(ValueError):
+    """A config field holds a value outside its allowed range."""
+
+
+def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
+    if not cond:
+        raise ConfigError(f"config field '{name}' = {value!r} is invalid: expected {allowed}")
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        _check(isinstance(v, int) and not isinstance(v, bool) and v > 0, n, v, "a positive integer")
+
+
+@dataclass
+class FFNConfig:
+    """The feed-forward section: dense SwiGLU everywhere, or sparse MoE with a latent expert space.
+
+    With ``kind="moe"`` the first ``first_k_dense`` layers stay dense (``dense_hidden``); the rest
+    route each token to ``top_k`` of ``n_experts`` GLU experts that run in ``latent_dim = d_model /
+    latent_ratio`` (α = ``latent_ratio``; 1 disables the latent space), plus ``n_shared`` full-width
+    shared experts of width ``shared_hidden``.
+    """
+
+    kind: str = "dense"
+    dense_hidden: int = 512  # hidden width of dense SwiGLU MLPs
+    glu: str = "swiglu"
+    n_experts: int = 8
+    top_k: int = 2
+    n_shared: int = 1
+    latent_ratio: int = 1  # α = d_model / ℓ
+    expert_hidden: int = 128  # f: routed expert GLU width (in latent space)
+    shared_hidden: int = 128  # shared expert GLU width (full width)
+    first_k_dense: int = 0
+    routed_scale: float = 1.0
+    balancer: str = "quantile"
+    bias_step: float = 1e-3  # δ: bias step of the loss-free balancers
+    balance_quantile: float = 0.5
+    balance_window: int = 8  # optimizer steps in the running-load window
+    aux_loss_coef: float = 1e-2
+
+    def validate(self, d_model: int | None = None) -> None:
+        _check(self.kind in FFN_KINDS, "ffn.kind", self.kind, f"one of {FFN_KINDS}")
+        _check(self.glu in GLU_KINDS, "ffn.glu", self.glu, f"one of {GLU_KINDS}")
+        _check(self.balancer in BALANCERS, "ffn.balancer", self.balancer, f"one of {BALANCERS}")
+        _positive(self, "dense_hidden", "n_experts", "top_k", "latent_ratio", "expert_hidden",
+                  "balance_window")
+        _check(self.top_k <= self.n_experts, "ffn.top_k", self.top_k,
+               f"an integer in [1, n_experts={self.n_experts}]")
+        for n in ("n_shared", "first_k_dense"):
+            v = getattr(self, n)
+            _check(isinstance(v, int) and v >= 0, f"ffn.{n}", v, "a non-negative integer")
+        if self.n_shared:
+            _positive(self, "shared_hidden")
+        _check(0.0 < self.balance_quantile < 1.0, "ffn.balance_quantile", self.balance_quantile,
+               "a float in (0, 1)")
+        _check(self.bias_step >= 0.0, "ffn.bias_step", self.bias_step, "a float >= 0")
+        _check(self.aux_loss_coef >= 0.0, "ffn.aux_loss_coef", self.aux_loss_coef, "a float >= 0")
+        _check(self.routed_scale > 0.0, "ffn.routed_scale", self.routed_scale, "a float > 0")
+        if d_model is not None:
+            _check(d_model % self.latent_ratio == 0, "ffn.latent_ratio", self.latent_ratio,
+                   f"a divisor of d_model={d_model}")
+
+    def latent_dim(self, d_model: int) -> int:
+        return d_model // self.latent_ratio
+
+
+@dataclass
+class ModelConfig:
+    """The hybrid stack: KDA ("L") and gated MLA ("M") layers per ``layer_pattern``, no positions."""
+
+    vocab_size: int = 4096
+    d_model: int = 256
+    n_layers: int = 8
+    layer_pattern: str = "LLLM"  # repeated to n_layers
+    max_seq_len: int = 4096  # context window the model is trained/served for (no positional limit)
+    # KDA (incremental linear attention)
+    kda_heads: int = 4
+    kda_head_dim: int = 64  # K = V per head
+    kda_conv_size: int = 4
+    kda_gate_rank: int = 32  # low-rank decay-gate projection d -> r -> H*K
+    kda_gate: str = "bounded"  # "softplus" is the unbounded baseline (ablation only)
+    g_min: float = -5.0
+    kda_chunk_size: int = 16
+    # Gated MLA
+    mla_heads: int = 4
+    mla_q_lora_rank: int = 128
+    mla_kv_lora_rank: int = 64  # d_c: latent numbers cached per token per MLA layer
+    mla_head_dim: int = 64  # q/k head dim (NoPE: no rotary part)
+    mla_v_head_dim: int = 64
+    # residual stream
+    attn_res: bool = True  # block attention residuals; False = plain residuals (ablation)
+    attn_res_blocks: int = 4  # N blocks of layers
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+    dtype: str = "float32"
+    ffn: FFNConfig = field(default_factory=FFNConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ffn, dict):
+            self.ffn = FFNConfig(**self.ffn)
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        _positive(self, "vocab_size", "d_model", "n_layers", "max_seq_len", "kda_heads",
+                  "kda_head_dim", "kda_conv_size", "kda_gate_rank", "kda_chunk_size", "mla_heads",
+                  "mla_q_lora_rank", "mla_kv_lora_rank", "mla_head_dim", "mla_v_head_dim",
+                  "attn_res_blocks")
+        p = self.layer_pattern
+        _check(isinstance(p, str) and len(p) > 0 and set(p) <= set(LAYER_KINDS), "layer_pattern", p,
+               "a non-empty string of 'L' (KDA linear attention) and 'M' (gated NoPE MLA)")
+        _check(self.n_layers % len(p) == 0, "layer_pattern", p,
+               f"a pattern whose length divides n_layers={self.n_layers}")
+        _check(self.kda_gate in DECAY_GATES, "kda_gate", self.kda_gate, f"one of {DECAY_GATES}")
+        _check(self.g_min < 0.0, "g_min", self.g_min, "a negative float (e.g. -5.0)")
+        _check(self.attn_res_blocks <= self.n_layers, "attn_res_blocks", self.attn_res_blocks,
+               f"an integer in [1, n_layers={self.n_layers}]")
+        _check(self.norm_eps > 0, "norm_eps", self.norm_eps, "a float > 0")
+        _check(self.init_std > 0, "init_std", self.init_std, "a float > 0")
+        _check(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
+        _check(isinstance(self.ffn, FFNConfig), "ffn", self.ffn, "an FFNConfig or a dict of its fields")
+        self.ffn.validate(self.d_model)
+        if self.ffn.kind == "moe":
+            _check(self.ffn.first_k_dense <= self.n_layers, "ffn.first_k_dense", self.ffn.first_k_dense,
+                   f"an integer in [0, n_layers={self.n_layers}]")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def layer_types(self) -> list[str]:
+        """One letter per layer: the pattern repeated to ``n_layers``."""
+        return list(self.layer_pattern * (self.n_layers // len(self.layer_pattern)))
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.ffn.kind == "moe" and i >= self.ffn.first_k_dense
+
+    # ------------------------------------------------------------------ I/O
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        if not isinstance(d, dict):
+            raise ConfigError(f"config must be a JSON object, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {unknown}; known fields: {sorted(known)}")
+        d = dict(d)
+        if "ffn" in d:
+            ffn = d["ffn"]
+            if not isinstance(ffn, dict):
+                raise ConfigError(f"config field 'ffn' must be an object, got {type(ffn).__name__}")
+            fknown = {f.name for f in dataclasses.fields(FFNConfig)}
+            funknown = sorted(set(ffn) - fknown)
+            if funknown:
+                raise ConfigError(f"unknown config field(s) {['ffn.' + k for k in funknown]}; "
+                                  f"known ffn fields: {sorted(fknown)}")
+            d["ffn"] = FFNConfig(**ffn)
+        return cls(**d)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path} is not valid JSON: {e}") from e
+        return cls.from_dict(d)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+# ---------------------------------------------------------------------- presets
+def _tiny() -> ModelConfig:
+    """Trains on a 2-core CPU in minutes: hidden 128, 8 layers (3:1 KDA:MLA), 8 experts top-2."""
+    return ModelConfig(
+        vocab_size=2048, d_model=128, n_layers=8, layer_pattern="LLLM", max_seq_len=4096,
+        kda_heads=2, kda_head_dim=32, kda_gate_rank=16,
+        mla_heads=2, mla_q_lora_rank=64, mla_kv_lora_rank=32, mla_head_dim=32, mla_v_head_dim=32,
+        attn_res_blocks=4,
+        ffn=FFNConfig(kind="moe", dense_hidden=256, n_experts=8, top_k=2, n_shared=1, latent_ratio=2,
+                      expert_hidden=64, shared_hidden=128, first_k_dense=1),
+    )
+
+
+def _small() -> ModelConfig:
+    """A few hundred million parameters (total), GPU-trainable."""
+    return ModelConfig(
+        vocab_size=32768, d_model=1024, n_layers=16, layer_pattern="LLLM", max_seq_len=32768,
+        kda_heads=8, kda_head_dim=128, kda_gate_rank=64,
+        mla_heads=8, mla_q_lora_rank=384, mla_kv_lora_rank=256, mla_head_dim=128, mla_v_head_dim=128,
+        attn_res_blocks=4,
+        ffn=FFNConfig(kind="moe", dense_hidden=2816, n_experts=64, top_k=6, n_shared=1, latent_ratio=4,
+                      expert_hidden=512, shared_hidden=1024, first_k_dense=1),
+    )
+
+
+def _flagship() -> ModelConfig:
+    """The seeds' scale (accounting only, never instantiated): 896 routed experts, 1M context."""
+    return ModelConfig(
+        vocab_size=163840, d_model=7168, n_layers=64, layer_pattern="LLLM", max_seq_len=1 << 20,
+        kda_heads=64, kda_head_dim=128, kda_gate_rank=128,
+        mla_heads=64, mla_q_lora_rank=1536, mla_kv_lora_rank=512, mla_head_dim=192, mla_v_head_dim=128,
+        attn_res_blocks=8, dtype="bfloat16",
+        ffn=FFNConfig(kind="moe", dense_hidden=18432, n_experts=896, top_k=16, n_shared=1, latent_ratio=4,
+                      expert_hidden=2048, shared_hidden=2048, first_k_dense=1),
+    )
+
+
+PRESETS = {"tiny": _tiny, "small": _small, "flagship": _flagship}
+
+
+def preset(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name]()
