@@ -1,0 +1,217 @@
+"""Documents: the embedded standard-library corpus and loaders for a user's own text files.
+
+The default corpus needs no download: it is the Python interpreter's own standard-library source,
+read as whole files (``kind="file"``) or as per-package concatenations (``kind="package"``) that
+reach tens of thousands of tokens, long enough for the long-window curriculum stages. The split into
+train/validation is by *file* (a hash of its relative path), so a validation file never leaks into
+training through its package concatenation either.
+
+User data (``--data PATH``): a text file, a JSONL file (one object per line, ``text`` field), a
+Parquet file (``text`` column), or a directory of those (walked in sorted order). Everything streams:
+one document is in memory at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+SPLITS = ("train", "val")
+KINDS = ("file", "package")
+VAL_FRACTION = 0.05  # share of files that go to the validation split
+TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".text", ".c", ".h", ".js", ".ts", ".html", ".json", ".toml")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+
+# Standard-library parts that are not prose-like source: generated tables, tests, binary-ish data.
+_STDLIB_SKIP_DIRS = {"site-packages", "test", "tests", "idle_test", "lib-dynload", "__pycache__", "encodings",
+                     "ensurepip", "turtledemo"}
+_STDLIB_SKIP_PREFIXES = ("config-", "_sysconfigdata")
+
+
+class DataError(ValueError):
+    """A data path or corpus that cannot be used (missing, empty, unreadable)."""
+
+
+@dataclass(frozen=True)
+class Document:
+    """One training/eval document: its text and where it came from (a path, path:line, or a tag)."""
+
+    text: str
+    source: str
+
+
+def split_of(key: str, val_fraction: float = VAL_FRACTION) -> str:
+    """Deterministic train/val assignment of a file by the hash of its (relative) name."""
+    h = int.from_bytes(hashlib.sha1(key.encode("utf-8")).digest()[:8], "big")
+    return "val" if (h % 10_000) < val_fraction * 10_000 else "train"
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} is invalid: expected one of {SPLITS}")
+
+
+# ---------------------------------------------------------------------- standard library corpus
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files(split: str = "train") -> list[str]:
+    """Relative paths (sorted) of the standard-library ``.py`` files in ``split``."""
+    _check_split(split)
+    root = stdlib_root()
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP_DIRS
+                             and not d.startswith(_STDLIB_SKIP_PREFIXES))
+        for f in sorted(filenames):
+            if not f.endswith(".py") or f.startswith(_STDLIB_SKIP_PREFIXES):
+                continue
+            rel = os.path.normpath(os.path.join(rel_dir, f))
+            if split_of(rel) == split:
+                out.append(rel)
+    if not out:
+        raise DataError(f"no standard-library sources found under {root} (split={split!r})")
+    return sorted(out)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def stdlib_packages(split: str = "train") -> list[tuple[str, list[str]]]:
+    """``(package, files)`` groups: top-level directory name (or ``<top>`` for single modules)."""
+    groups: dict[str, list[str]] = {}
+    for rel in stdlib_files(split):
+        parts = Path(rel).parts
+        groups.setdefault(parts[0] if len(parts) > 1 else "<top>", []).append(rel)
+    return sorted(groups.items())
+
+
+def _package_text(files: list[str]) -> str:
+    """Repository-style concatenation: each file introduced by a path header."""
+    root = stdlib_root()
+    return "".join(f"# ===== {rel} =====\n{_read(root / rel)}\n" for rel in files)
+
+
+def stdlib_documents(split: str = "train", kind: str = "file", shuffle_seed: int | None = None,
+                     epoch: int = 0) -> Iterator[Document]:
+    """Real long documents from the interpreter's standard library.
+
+    ``kind="file"``: one document per source file. ``kind="package"``: one document per top-level
+    package (its files of this split concatenated; single modules form ``<top>`` chunks of ~16 files).
+    ``shuffle_seed`` shuffles the order deterministically per ``epoch``; None keeps sorted order.
+    """
+    _check_split(split)
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r} is invalid: expected one of {KINDS}")
+    root = stdlib_root()
+    if kind == "file":
+        items: list[tuple[str, list[str]]] = [(rel, [rel]) for rel in stdlib_files(split)]
+    else:
+        items = []
+        for pkg, files in stdlib_packages(split):
+            if pkg == "<top>":  # hundreds of independent modules: group them into chunks
+                items += [(f"<top>[{i // 16}]", files[i:i + 16]) for i in range(0, len(files), 16)]
+            else:
+                items.append((pkg, files))
+    if shuffle_seed is not None:
+        random.Random(f"{shuffle_seed}:{epoch}").shuffle(items)
+    for name, files in items:
+        text = _read(root / files[0]) if kind == "file" else _package_text(files)
+        yield Document(text=text, source=f"stdlib:{name}")
+
+
+def stdlib_count(split: str = "train", kind: str = "file") -> int:
+    """Number of documents ``stdlib_documents(split, kind)`` yields (cheap: no file reads)."""
+    if kind == "file":
+        return len(stdlib_files(split))
+    n = 0
+    for pkg, files in stdlib_packages(split):
+        n += (len(files) + 15) // 16 if pkg == "<top>" else 1
+    return n
+
+
+# ---------------------------------------------------------------------- user data
+def data_files(path: str | Path) -> list[Path]:
+    """The readable files under ``path`` (a file or a directory), sorted; clear errors otherwise."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"--data path does not exist: {p}")
+    suffixes = TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES
+    if p.is_file():
+        return [p]
+    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in suffixes)
+    if not files:
+        raise DataError(f"--data directory {p} contains no text/JSONL/Parquet files "
+                        f"(looked for suffixes {', '.join(suffixes)})")
+    return files
+
+
+def _file_documents(f: Path, text_field: str) -> Iterator[Document]:
+    suf = f.suffix.lower()
+    if suf in JSONL_SUFFIXES:
+        with f.open(encoding="utf-8", errors="replace") as fh:
+            for i, line in enumerate(fh):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{f}:{i + 1}: not valid JSON ({e})") from e
+                text = obj.get(text_field) if isinstance(obj, dict) else None
+                if not isinstance(text, str):
+                    raise DataError(f"{f}:{i + 1}: expected an object with a string field {text_field!r}")
+                if text:
+                    yield Document(text=text, source=f"{f}:{i + 1}")
+    elif suf in PARQUET_SUFFIXES:
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:  # pragma: no cover - pyarrow is a dev dependency
+            raise DataError(f"reading {f} needs pyarrow (pip install pyarrow)") from e
+        pf = pq.ParquetFile(f)
+        if text_field not in pf.schema_arrow.names:
+            raise DataError(f"{f}: no column {text_field!r} (columns: {pf.schema_arrow.names})")
+        row = 0
+        for batch in pf.iter_batches(columns=[text_field], batch_size=256):
+            for text in batch.column(0).to_pylist():
+                row += 1
+                if isinstance(text, str) and text:
+                    yield Document(text=text, source=f"{f}:{row}")
+    else:
+        text = _read(f)
+        if text:
+            yield Document(text=text, source=str(f))
+
+
+def load_documents(path: str | Path, split: str | None = None, text_field: str = "text",
+                   shuffle_seed: int | None = None, epoch: int = 0,
+                   val_fraction: float = VAL_FRACTION) -> Iterator[Document]:
+    """Stream documents from a user's files. ``split`` keeps the train or val share (by file for whole
+    text files, by file:row for JSONL/Parquet rows); ``shuffle_seed`` shuffles the *file* order per epoch."""
+    if split is not None:
+        _check_split(split)
+    files = data_files(path)
+    if shuffle_seed is not None:
+        random.Random(f"{shuffle_seed}:{epoch}").shuffle(files)
+    for f in files:
+        for doc in _file_documents(f, text_field):
+            if split is None or split_of(doc.source, val_fraction) == split:
+                yield doc
+
+
+def corpus_documents(data: str | Path | None = None, split: str = "train", kind: str = "file",
+                     shuffle_seed: int | None = None, epoch: int = 0) -> Iterator[Document]:
+    """The default corpus (``data=None``: standard library) or a user's ``--data`` path."""
+    if data is None:
+        return stdlib_documents(split, kind, shuffle_seed, epoch)
+    return load_documents(data, split, shuffle_seed=shuffle_seed, epoch=epoch)

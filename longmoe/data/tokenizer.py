@@ -1,0 +1,154 @@
+"""Byte-level BPE tokenizer (trained with the ``tokenizers`` library) plus longmoe's special tokens.
+
+Byte-level means every Unicode string maps to bytes first, so ``decode(encode(s)) == s`` holds for
+any input (no unknown token, no normalisation). Special tokens mark document boundaries, chat roles,
+tool calls/results and image spans; their ids are fixed (0..N-1) so a config can rely on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+# Order fixes the ids: pad=0, bos=1, eos=2 (document boundary), ...
+SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|pad|>", "<|bos|>", "<|eos|>",
+    "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
+    "<|tool_call|>", "<|tool_result|>",
+    "<|image|>", "<|/image|>", "<|image_patch|>",
+)
+_ATTR = {  # attribute name -> token
+    "pad_id": "<|pad|>", "bos_id": "<|bos|>", "eos_id": "<|eos|>",
+    "system_id": "<|system|>", "user_id": "<|user|>", "assistant_id": "<|assistant|>", "end_id": "<|end|>",
+    "tool_call_id": "<|tool_call|>", "tool_result_id": "<|tool_result|>",
+    "image_start_id": "<|image|>", "image_end_id": "<|/image|>", "image_patch_id": "<|image_patch|>",
+}
+ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>",
+               "tool": "<|tool_result|>"}
+MIN_VOCAB = len(SPECIAL_TOKENS) + 256  # specials + the 256 byte symbols
+
+
+class Tokenizer:
+    """Thin wrapper: encode/decode, special-token ids as attributes, chat template."""
+
+    def __init__(self, hf: _HFTokenizer) -> None:
+        self._tok = hf
+        for attr, tok in _ATTR.items():
+            i = hf.token_to_id(tok)
+            if i is None:
+                raise ValueError(f"tokenizer lacks special token {tok!r}; was it trained by longmoe?")
+            setattr(self, attr, i)
+        self.doc_id = self.eos_id  # the document-boundary token
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def _blank() -> _HFTokenizer:
+        tok = _HFTokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.decoder = decoders.ByteLevel()
+        return tok
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
+              show_progress: bool = False) -> Tokenizer:
+        """Train byte-level BPE on ``texts`` (any iterable of strings, streamed)."""
+        if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB:
+            raise ValueError(f"vocab_size={vocab_size!r} is invalid: expected an integer >= {MIN_VOCAB} "
+                             f"({len(SPECIAL_TOKENS)} special tokens + 256 bytes)")
+        tok = cls._blank()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress)
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Tokenizer:
+        p = Path(path)
+        if p.is_dir():
+            p = p / "tokenizer.json"
+        if not p.is_file():
+            raise FileNotFoundError(f"tokenizer file not found: {p}")
+        return cls(_HFTokenizer.from_file(str(p)))
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``tokenizer.json`` (``path`` may be the file or its directory)."""
+        p = Path(path)
+        if p.suffix != ".json":
+            p = p / "tokenizer.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(p))
+        return p
+
+    # ------------------------------------------------------------------ core API
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self._tok.id_to_token(i)
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        return {t: self._tok.token_to_id(t) for t in SPECIAL_TOKENS}
+
+    # ------------------------------------------------------------------ chat
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """Render OpenAI-style messages into the model's chat format.
+
+        ``<|role|>\\ncontent<|end|>\\n`` per message; assistant tool calls are rendered as
+        ``<|tool_call|>{json}<|end|>``; ``role="tool"`` messages go in ``<|tool_result|>``.
+        With ``add_generation_prompt`` the string ends with ``<|assistant|>\\n`` ready to generate.
+        """
+        out = []
+        for i, m in enumerate(messages):
+            role = m.get("role")
+            if role not in ROLE_TOKENS:
+                raise ValueError(f"messages[{i}].role={role!r} is invalid: "
+                                 f"expected one of {sorted(ROLE_TOKENS)}")
+            content = m.get("content") or ""
+            if isinstance(content, list):  # OpenAI content parts: keep the text ones, mark images
+                content = "".join(p.get("text", "") if p.get("type") == "text" else "<|image|><|/image|>"
+                                  for p in content)
+            s = f"{ROLE_TOKENS[role]}\n{content}"
+            for call in m.get("tool_calls") or []:
+                fn = call.get("function", call)
+                args = fn.get("arguments", {})
+                if isinstance(args, str):
+                    with contextlib.suppress(json.JSONDecodeError):
+                        args = json.loads(args)
+                s += "<|tool_call|>" + json.dumps({"name": fn.get("name"), "arguments": args}) + "<|end|>"
+            out.append(s + "<|end|>\n")
+        if add_generation_prompt:
+            out.append("<|assistant|>\n")
+        return "".join(out)
+
+
+@functools.lru_cache(maxsize=4)
+def tokenizer_for_tests(vocab_size: int = 512, n_docs: int = 60) -> Tokenizer:
+    """A small tokenizer trained once per process on a slice of the standard-library corpus (~1 s)."""
+    from longmoe.data.corpus import stdlib_documents
+
+    texts = (d.text for d in itertools.islice(stdlib_documents("train", "file"), n_docs))
+    return Tokenizer.train(texts, vocab_size=vocab_size)

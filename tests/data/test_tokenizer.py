@@ -1,0 +1,79 @@
+"""Tokenizer: exact round trip, special-token ids, save/load, chat template."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from longmoe.data.tokenizer import SPECIAL_TOKENS, Tokenizer, tokenizer_for_tests
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=200))
+def test_round_trip_any_unicode(s: str) -> None:
+    """decode(encode(s)) == s for arbitrary Unicode (byte-level BPE: no unknowns, no normalisation)."""
+    tok = tokenizer_for_tests()
+    assert tok.decode(tok.encode(s)) == s
+
+
+_PARTS = ["<|user|>", "<|eos|>", "def f(x):", "  ", "\n", "é", "🤖", "<|"]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.sampled_from(_PARTS), max_size=20))
+def test_round_trip_with_special_token_text(parts: list[str]) -> None:
+    """Text that contains special-token strings still round-trips exactly."""
+    tok = tokenizer_for_tests()
+    s = "".join(parts)
+    assert tok.decode(tok.encode(s)) == s
+
+
+def test_special_ids_fixed_and_single_tokens() -> None:
+    """Special tokens occupy ids 0..N-1 in declaration order and each encodes to one id."""
+    tok = tokenizer_for_tests()
+    for i, t in enumerate(SPECIAL_TOKENS):
+        assert tok.token_to_id(t) == i
+        assert tok.encode(t) == [i]
+    assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 1, 2)
+    assert tok.doc_id == tok.eos_id
+
+
+def test_save_load_same_ids(tmp_path) -> None:
+    """A saved tokenizer.json reloads to the same vocabulary and encodings."""
+    tok = tokenizer_for_tests()
+    p = tok.save(tmp_path)
+    assert p.name == "tokenizer.json"
+    tok2 = Tokenizer.from_file(tmp_path)
+    s = "import os\nclass A:\n    pass\n"
+    assert tok2.encode(s) == tok.encode(s) and tok2.vocab_size == tok.vocab_size == 512
+
+
+def test_compresses_python_source() -> None:
+    """Trained merges are used: stdlib code takes well under one token per byte."""
+    tok = tokenizer_for_tests()
+    s = "def __init__(self, name, value=None):\n        self.name = name\n        return self\n"
+    assert len(tok.encode(s)) < 0.6 * len(s.encode())
+
+
+def test_chat_template() -> None:
+    """The template renders roles, tool calls and results, and the generation prompt."""
+    tok = tokenizer_for_tests()
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": "calc", "arguments": '{"x": "2+2"}'}}]},
+            {"role": "tool", "content": "4"}]
+    s = tok.apply_chat_template(msgs)
+    assert s == ('<|system|>\nbe brief<|end|>\n<|user|>\n2+2?<|end|>\n<|assistant|>\n'
+                 '<|tool_call|>{"name": "calc", "arguments": {"x": "2+2"}}<|end|><|end|>\n'
+                 '<|tool_result|>\n4<|end|>\n<|assistant|>\n')
+    ids = tok.encode(s)
+    assert ids[0] == tok.system_id and ids[-2:-1] == [tok.assistant_id] or ids[-1] == tok.assistant_id
+    assert tok.decode(ids) == s
+
+
+def test_vocab_too_small_is_clear_error() -> None:
+    """A vocab that cannot hold the bytes and specials is rejected naming vocab_size."""
+    import pytest
+
+    with pytest.raises(ValueError, match="vocab_size"):
+        Tokenizer.train(["abc"], vocab_size=100)
