@@ -30,8 +30,17 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 
 # Standard-library parts that are not prose-like source: generated tables, tests, binary-ish data.
-_STDLIB_SKIP_DIRS = {"site-packages", "test", "tests", "idle_test", "lib-dynload", "__pycache__", "encodings",
-                     "ensurepip", "turtledemo"}
+_STDLIB_SKIP_DIRS = {
+    "site-packages",
+    "test",
+    "tests",
+    "idle_test",
+    "lib-dynload",
+    "__pycache__",
+    "encodings",
+    "ensurepip",
+    "turtledemo",
+}
 _STDLIB_SKIP_PREFIXES = ("config-", "_sysconfigdata")
 
 
@@ -70,8 +79,9 @@ def stdlib_files(split: str = "train") -> list[str]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
-        dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP_DIRS
-                             and not d.startswith(_STDLIB_SKIP_PREFIXES))
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in _STDLIB_SKIP_DIRS and not d.startswith(_STDLIB_SKIP_PREFIXES)
+        )
         for f in sorted(filenames):
             if not f.endswith(".py") or f.startswith(_STDLIB_SKIP_PREFIXES):
                 continue
@@ -102,8 +112,9 @@ def _package_text(files: list[str]) -> str:
     return "".join(f"# ===== {rel} =====\n{_read(root / rel)}\n" for rel in files)
 
 
-def stdlib_documents(split: str = "train", kind: str = "file", shuffle_seed: int | None = None,
-                     epoch: int = 0) -> Iterator[Document]:
+def stdlib_documents(
+    split: str = "train", kind: str = "file", shuffle_seed: int | None = None, epoch: int = 0
+) -> Iterator[Document]:
     """Real long documents from the interpreter's standard library.
 
     ``kind="file"``: one document per source file. ``kind="package"``: one document per top-level
@@ -120,7 +131,7 @@ def stdlib_documents(split: str = "train", kind: str = "file", shuffle_seed: int
         items = []
         for pkg, files in stdlib_packages(split):
             if pkg == "<top>":  # hundreds of independent modules: group them into chunks
-                items += [(f"<top>[{i // 16}]", files[i:i + 16]) for i in range(0, len(files), 16)]
+                items += [(f"<top>[{i // 16}]", files[i : i + 16]) for i in range(0, len(files), 16)]
             else:
                 items.append((pkg, files))
     if shuffle_seed is not None:
@@ -151,8 +162,10 @@ def data_files(path: str | Path) -> list[Path]:
         return [p]
     files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in suffixes)
     if not files:
-        raise DataError(f"--data directory {p} contains no text/JSONL/Parquet files "
-                        f"(looked for suffixes {', '.join(suffixes)})")
+        raise DataError(
+            f"--data directory {p} contains no text/JSONL/Parquet files "
+            f"(looked for suffixes {', '.join(suffixes)})"
+        )
     return files
 
 
@@ -193,9 +206,14 @@ def _file_documents(f: Path, text_field: str) -> Iterator[Document]:
             yield Document(text=text, source=str(f))
 
 
-def load_documents(path: str | Path, split: str | None = None, text_field: str = "text",
-                   shuffle_seed: int | None = None, epoch: int = 0,
-                   val_fraction: float = VAL_FRACTION) -> Iterator[Document]:
+def load_documents(
+    path: str | Path,
+    split: str | None = None,
+    text_field: str = "text",
+    shuffle_seed: int | None = None,
+    epoch: int = 0,
+    val_fraction: float = VAL_FRACTION,
+) -> Iterator[Document]:
     """Stream documents from a user's files. ``split`` keeps the train or val share (by file for whole
     text files, by file:row for JSONL/Parquet rows); ``shuffle_seed`` shuffles the *file* order per epoch."""
     if split is not None:
@@ -209,8 +227,13 @@ def load_documents(path: str | Path, split: str | None = None, text_field: str =
                 yield doc
 
 
-def corpus_documents(data: str | Path | None = None, split: str = "train", kind: str = "file",
-                     shuffle_seed: int | None = None, epoch: int = 0) -> Iterator[Document]:
+def corpus_documents(
+    data: str | Path | None = None,
+    split: str = "train",
+    kind: str = "file",
+    shuffle_seed: int | None = None,
+    epoch: int = 0,
+) -> Iterator[Document]:
     """The default corpus (``data=None``: standard library) or a user's ``--data`` path."""
     if data is None:
         return stdlib_documents(split, kind, shuffle_seed, epoch)

@@ -20,19 +20,39 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 # Order fixes the ids: pad=0, bos=1, eos=2 (document boundary), ...
 SPECIAL_TOKENS: tuple[str, ...] = (
-    "<|pad|>", "<|bos|>", "<|eos|>",
-    "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
-    "<|tool_call|>", "<|tool_result|>",
-    "<|image|>", "<|/image|>", "<|image_patch|>",
+    "<|pad|>",
+    "<|bos|>",
+    "<|eos|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|end|>",
+    "<|tool_call|>",
+    "<|tool_result|>",
+    "<|image|>",
+    "<|/image|>",
+    "<|image_patch|>",
 )
 _ATTR = {  # attribute name -> token
-    "pad_id": "<|pad|>", "bos_id": "<|bos|>", "eos_id": "<|eos|>",
-    "system_id": "<|system|>", "user_id": "<|user|>", "assistant_id": "<|assistant|>", "end_id": "<|end|>",
-    "tool_call_id": "<|tool_call|>", "tool_result_id": "<|tool_result|>",
-    "image_start_id": "<|image|>", "image_end_id": "<|/image|>", "image_patch_id": "<|image_patch|>",
+    "pad_id": "<|pad|>",
+    "bos_id": "<|bos|>",
+    "eos_id": "<|eos|>",
+    "system_id": "<|system|>",
+    "user_id": "<|user|>",
+    "assistant_id": "<|assistant|>",
+    "end_id": "<|end|>",
+    "tool_call_id": "<|tool_call|>",
+    "tool_result_id": "<|tool_result|>",
+    "image_start_id": "<|image|>",
+    "image_end_id": "<|/image|>",
+    "image_patch_id": "<|image_patch|>",
 }
-ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>",
-               "tool": "<|tool_result|>"}
+ROLE_TOKENS = {
+    "system": "<|system|>",
+    "user": "<|user|>",
+    "assistant": "<|assistant|>",
+    "tool": "<|tool_result|>",
+}
 MIN_VOCAB = len(SPECIAL_TOKENS) + 256  # specials + the 256 byte symbols
 
 
@@ -57,16 +77,23 @@ class Tokenizer:
         return tok
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
-              show_progress: bool = False) -> Tokenizer:
+    def train(
+        cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2, show_progress: bool = False
+    ) -> Tokenizer:
         """Train byte-level BPE on ``texts`` (any iterable of strings, streamed)."""
         if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB:
-            raise ValueError(f"vocab_size={vocab_size!r} is invalid: expected an integer >= {MIN_VOCAB} "
-                             f"({len(SPECIAL_TOKENS)} special tokens + 256 bytes)")
+            raise ValueError(
+                f"vocab_size={vocab_size!r} is invalid: expected an integer >= {MIN_VOCAB} "
+                f"({len(SPECIAL_TOKENS)} special tokens + 256 bytes)"
+            )
         tok = cls._blank()
         trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress)
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=list(SPECIAL_TOKENS),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=show_progress,
+        )
         tok.train_from_iterator(texts, trainer=trainer)
         return cls(tok)
 
@@ -125,12 +152,14 @@ class Tokenizer:
         for i, m in enumerate(messages):
             role = m.get("role")
             if role not in ROLE_TOKENS:
-                raise ValueError(f"messages[{i}].role={role!r} is invalid: "
-                                 f"expected one of {sorted(ROLE_TOKENS)}")
+                raise ValueError(
+                    f"messages[{i}].role={role!r} is invalid: expected one of {sorted(ROLE_TOKENS)}"
+                )
             content = m.get("content") or ""
             if isinstance(content, list):  # OpenAI content parts: keep the text ones, mark images
-                content = "".join(p.get("text", "") if p.get("type") == "text" else "<|image|><|/image|>"
-                                  for p in content)
+                content = "".join(
+                    p.get("text", "") if p.get("type") == "text" else "<|image|><|/image|>" for p in content
+                )
             s = f"{ROLE_TOKENS[role]}\n{content}"
             for call in m.get("tool_calls") or []:
                 fn = call.get("function", call)
