@@ -69,7 +69,7 @@ def test_collate_cu_seqlens() -> None:
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.integers(0, 30), min_size=1, max_size=6), st.integers(1, 20), st.integers(0, 15))
 def test_resume_reproduces_stream(lengths: list[int], window: int, k: int) -> None:
-    """A packer restored from the state after k windows yields exactly the windows an uninterrupted one does."""
+    """A packer restored from the state after k windows yields the windows an uninterrupted one does."""
     a = Packer(_docs(lengths), _encode, BOS, EOS)
     for _ in range(k):
         a.next_window(window)

@@ -1,0 +1,376 @@
+"""KDA: the channel-wise gated delta rule (design.md §1.1), as a chunked all-GEMM CPU operator.
+
+Per head, state ``S ∈ R^{K×V}``; for each token ``t``::
+
+    S'_t = Diag(exp(g_t)) S_{t-1}
+    S_t  = S'_t + β_t k_t (v_t − S'_tᵀ k_t)ᵀ
+    o_t  = scale · S_tᵀ q_t                     (scale defaults to K^{-1/2})
+
+``kda_recurrent`` is that loop verbatim (the reference), ``kda_step`` is one token of it (decode) and
+``kda_chunk`` is the production path: chunks of ``C`` tokens, all intra-chunk work as batched dense
+matrix products over every chunk of every head at once, and only the ``[K, V]`` chunk-to-chunk state
+update in a Python loop. The factorised form ``(Q⊙e^Γ)(K⊙e^{−Γ})ᵀ`` is only finite when the
+cumulative in-chunk log-decay ``Γ`` stays above ≈ −88 (fp32/bf16): ``gates.bounded_decay`` guarantees
+that for ``C = 16``. See docs/kda.md for the derivation.
+
+The op does not L2-normalise q/k (the layer does). States are fp32 (float64 for float64 inputs);
+outputs have ``v.dtype``; bf16 inputs are computed in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_CHUNK_SIZE = 16
+
+
+# ----------------------------------------------------------------------------------------------------------
+# validation
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_tensor(name: str, x: object, shape: tuple[int, ...], expect: str, ref: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name}: expected a tensor of shape {expect}, got {type(x).__name__}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name}: expected shape {expect} = {list(shape)}, got {list(x.shape)}")
+    if x.device != ref.device:
+        raise ValueError(f"{name}: expected device {ref.device} (same as q), got {x.device}")
+    if x.dtype != ref.dtype:
+        raise ValueError(f"{name}: expected dtype {ref.dtype} (same as q), got {x.dtype}")
+
+
+def _check_state(name: str, s: object, shape: tuple[int, ...], expect: str, ref: torch.Tensor) -> None:
+    if not isinstance(s, torch.Tensor):
+        raise ValueError(f"{name}: expected a tensor of shape {expect}, got {type(s).__name__}")
+    if tuple(s.shape) != shape:
+        raise ValueError(f"{name}: expected shape {expect} = {list(shape)}, got {list(s.shape)}")
+    if s.device != ref.device:
+        raise ValueError(f"{name}: expected device {ref.device} (same as q), got {s.device}")
+    if not s.is_floating_point():
+        raise ValueError(f"{name}: expected a floating-point state, got {s.dtype}")
+
+
+def _check_inputs(q, k, v, g, beta) -> tuple[int, int, int, int, int]:
+    """Validate sequence inputs; returns ``(B, T, H, K, V)``."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ValueError(f"q: expected a tensor of shape [B, T, H, K], got {getattr(q, 'shape', type(q))}")
+    if not q.is_floating_point():
+        raise ValueError(f"q: expected a floating-point dtype, got {q.dtype}")
+    B, T, H, K = q.shape
+    if not isinstance(v, torch.Tensor) or v.dim() != 4:
+        raise ValueError(f"v: expected a tensor of shape [B, T, H, V], got {getattr(v, 'shape', type(v))}")
+    V = v.shape[-1]
+    _check_tensor("k", k, (B, T, H, K), "[B, T, H, K]", q)
+    _check_tensor("v", v, (B, T, H, V), "[B, T, H, V]", q)
+    _check_tensor("g", g, (B, T, H, K), "[B, T, H, K]", q)
+    _check_tensor("beta", beta, (B, T, H), "[B, T, H]", q)
+    return B, T, H, K, V
+
+
+def _scale(scale: float | None, K: int) -> float:
+    if scale is None:
+        return K**-0.5
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
+    return float(scale)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# reference and decode
+
+
+def kda_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the recurrence (decode): returns ``(o [B, H, V], new_state [B, H, K, V])``.
+
+    ``q, k, g``: ``[B, H, K]``; ``v``: ``[B, H, V]``; ``beta``: ``[B, H]``; ``state``: ``[B, H, K, V]``.
+    """
+    if not isinstance(q, torch.Tensor) or q.dim() != 3 or not q.is_floating_point():
+        raise ValueError(
+            f"q: expected a floating-point tensor of shape [B, H, K], got {getattr(q, 'shape', q)}"
+        )
+    B, H, K = q.shape
+    if not isinstance(v, torch.Tensor) or v.dim() != 3:
+        raise ValueError(f"v: expected a tensor of shape [B, H, V], got {getattr(v, 'shape', type(v))}")
+    V = v.shape[-1]
+    _check_tensor("k", k, (B, H, K), "[B, H, K]", q)
+    _check_tensor("v", v, (B, H, V), "[B, H, V]", q)
+    _check_tensor("g", g, (B, H, K), "[B, H, K]", q)
+    _check_tensor("beta", beta, (B, H), "[B, H]", q)
+    _check_state("state", state, (B, H, K, V), "[B, H, K, V]", q)
+    scale = _scale(scale, K)
+    out_dtype, cdt = v.dtype, _compute_dtype(v.dtype)
+    q, k, v, g, beta = (x.to(cdt) for x in (q, k, v, g, beta))
+    S = state.to(cdt) * g.exp().unsqueeze(-1)  # [B, H, K, V]   S' = Diag(e^g) S
+    pred = torch.einsum("bhk,bhkv->bhv", k, S)  # [B, H, V]      S'ᵀ k
+    S = S + torch.einsum("bhk,bhv->bhkv", k, beta.unsqueeze(-1) * (v - pred))
+    o = scale * torch.einsum("bhk,bhkv->bhv", q, S)  # [B, H, V]
+    return o.to(out_dtype), S
+
+
+def kda_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token-by-token reference of the recurrence (slow; the oracle for ``kda_chunk``).
+
+    Returns ``(o [B, T, H, V], final_state [B, H, K, V] or None)``.
+    """
+    B, T, H, K, V = _check_inputs(q, k, v, g, beta)
+    if initial_state is not None:
+        _check_state("initial_state", initial_state, (B, H, K, V), "[B, H, K, V]", q)
+    cdt = _compute_dtype(v.dtype)
+    S = q.new_zeros(B, H, K, V, dtype=cdt) if initial_state is None else initial_state.to(cdt)
+    outs = []
+    for t in range(T):
+        o_t, S = kda_step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], S, scale=scale)
+        outs.append(o_t)  # [B, H, V]
+    o = torch.stack(outs, dim=1) if outs else v.new_zeros(B, 0, H, V)
+    return o, (S if output_final_state else None)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# chunked production path
+
+
+def _chunk_layout(cu_seqlens: torch.Tensor | None, B: int, T: int, C: int, device: torch.device):
+    """Where each token goes in the chunk-padded sequence and which chunks start a document.
+
+    Returns ``(dest, Tp, first, last, n_docs)``: ``dest`` (``[T]`` LongTensor or None when no gather
+    is needed) maps packed token ``t`` to its padded position; ``Tp`` is the padded length (a multiple
+    of ``C``); ``first[n]`` is the document whose first chunk is ``n`` (else -1), ``last[d]`` the last
+    chunk of document ``d`` (-1 for an empty document).
+    """
+    if cu_seqlens is None:
+        n_chunks = -(-T // C)
+        first = [0] + [-1] * (n_chunks - 1) if n_chunks else []
+        return None, n_chunks * C, first, [n_chunks - 1], 1
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    n_docs = len(lengths)
+    doc_chunks = [-(-n // C) for n in lengths]
+    first: list[int] = [-1] * sum(doc_chunks)
+    last: list[int] = []
+    start = 0
+    for d, nc in enumerate(doc_chunks):
+        if nc:
+            first[start] = d
+        start += nc
+        last.append(start - 1 if nc else -1)
+    cu = cu_seqlens.to(device=device, dtype=torch.long)
+    lengths_t = cu[1:] - cu[:-1]  # [N]
+    padded_starts = torch.tensor([0] + doc_chunks[:-1], device=device, dtype=torch.long).cumsum(0) * C
+    doc_of_token = torch.repeat_interleave(torch.arange(n_docs, device=device), lengths_t)  # [T]
+    offset = torch.arange(T, device=device) - cu[doc_of_token]
+    dest = padded_starts[doc_of_token] + offset  # [T]
+    return dest, sum(doc_chunks) * C, first, last, n_docs
+
+
+def _to_chunks(
+    x: torch.Tensor, dest: torch.Tensor | None, Tp: int, C: int, out: torch.Tensor
+) -> torch.Tensor:
+    """Write [Bt, T, H, D] packed tokens into ``out`` [N, Bt*H, C, D] (chunk-major), zero-padded.
+
+    One strided copy that also casts to the compute dtype; with ``cu_seqlens`` (``dest``) documents are
+    first scattered to chunk-aligned positions so that no chunk straddles a document boundary.
+    """
+    Bt, T, H, D = x.shape
+    N = Tp // C
+    if dest is not None:
+        x = x.new_zeros(Bt, Tp, H, D).index_copy(1, dest, x)
+    elif Tp != T:
+        x = F.pad(x, (0, 0, 0, 0, 0, Tp - T))
+    out.view(N, Bt, H, C, D).copy_(x.view(Bt, N, C, H, D).permute(1, 0, 3, 2, 4))
+    return out
+
+
+def _from_chunks(o: torch.Tensor, dest: torch.Tensor | None, Bt: int, T: int, H: int) -> torch.Tensor:
+    """Inverse of ``_to_chunks``: [N, Bt*H, C, D] -> [Bt, T, H, D]."""
+    N, _, C, D = o.shape
+    o = o.reshape(N, Bt, H, C, D).permute(1, 0, 3, 2, 4).reshape(Bt, N * C, H, D)
+    return o[:, :T] if dest is None else o.index_select(1, dest)
+
+
+def kda_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked KDA: the same result as ``kda_recurrent`` with all intra-chunk work as batched GEMMs.
+
+    ``q, k, g``: ``[B, T, H, K]``; ``v``: ``[B, T, H, V]``; ``beta``: ``[B, T, H]``. With ``cu_seqlens``
+    (``[N+1]`` LongTensor of document offsets, ``B == 1``) the state resets at every document boundary
+    and ``initial_state`` / ``final_state`` are ``[N, H, K, V]``; otherwise ``[B, H, K, V]``.
+    Returns ``(o [B, T, H, V] in v.dtype, final_state in fp32 (float64 for float64 inputs) or None)``.
+
+    Per chunk ``n`` (all chunks of all heads batched), with ``Γ`` the in-chunk cumulative log-decay::
+
+        A   = tril(diag(β) (K⊙e^Γ)(K⊙e^{−Γ})ᵀ, −1),   (I + A)[W | U] = diag(β)[K⊙e^Γ | V]
+        V'_n = U − W S_n,   S_{n+1} = Diag(e^{Γ_C}) S_n + (K⊙e^{Γ_C−Γ})ᵀ V'_n
+        O_n = (Q⊙e^Γ) S_n + P V'_n,   P = tril((Q⊙e^Γ)(K⊙e^{−Γ})ᵀ)
+
+    so the sequential part is two small GEMMs per chunk (``baddbmm``) and the outputs are batched again
+    after the scan. (Fusing the scan into one ``S_{n+1} = M_n S_n + B_n`` GEMM with a precomputed ``[K, K]``
+    transition was measured slower on CPU: ``M`` is ``K/C`` times larger than the chunk inputs.)
+    """
+    B, T, H, K, V = _check_inputs(q, k, v, g, beta)
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
+    if cu_seqlens is not None:
+        _check_cu_seqlens(cu_seqlens, B, T, q.device)
+        n_docs = cu_seqlens.numel() - 1
+        state_shape, state_expect = (n_docs, H, K, V), "[N, H, K, V] (N = len(cu_seqlens) - 1)"
+    else:
+        state_shape, state_expect = (B, H, K, V), "[B, H, K, V]"
+    if initial_state is not None:
+        _check_state("initial_state", initial_state, state_shape, state_expect, q)
+    scale = _scale(scale, K)
+    C = chunk_size
+    cdt = _compute_dtype(v.dtype)
+
+    dest, Tp, first, last, n_docs = _chunk_layout(cu_seqlens, B, T, C, q.device)
+    Bt, G = B, B * H  # Bt: batch of the chunk sequence (1 with cu_seqlens); G: independent state slots
+    N = Tp // C
+    if N == 0:
+        final = None
+        if output_final_state:
+            final = q.new_zeros(state_shape, dtype=cdt) if initial_state is None else initial_state.to(cdt)
+        return v.new_zeros(B, T, H, V), final
+    new = {"device": q.device, "dtype": cdt}
+    kq = torch.empty(N, G, 2, C, K, **new)  # K rows then Q rows of each chunk: one GEMM for both products
+    _to_chunks(k, dest, Tp, C, kq[:, :, 0])
+    _to_chunks(q, dest, Tp, C, kq[:, :, 1])
+    vc = _to_chunks(v, dest, Tp, C, torch.empty(N, G, C, V, **new))  # [N, G, C, V]
+    gc = _to_chunks(g, dest, Tp, C, torch.empty(N, G, C, K, **new))  # [N, G, C, K]
+    bc = _to_chunks(beta.unsqueeze(-1), dest, Tp, C, torch.empty(N, G, C, 1, **new))  # [N, G, C, 1]
+
+    # ---- chunk-local work, batched over all N*G chunks at once -----------------------------------------
+    e_pos = gc.cumsum(dim=-2).exp()  # [N, G, C, K]  e^Γ, Γ in [C·g_min, 0]: finite iff |Γ| < ~88
+    kq_pos = kq * e_pos.unsqueeze(2)  # [N, G, 2, C, K]  K⊙e^Γ | Q⊙e^Γ
+    k_neg = kq[:, :, 0] / e_pos  # [N, G, C, K]  K⊙e^{−Γ}
+    inter = kq_pos.view(N, G, 2 * C, K) @ k_neg.transpose(-1, -2)  # [N, G, 2C, C]
+    a_kk = torch.tril(bc * inter[..., :C, :], diagonal=-1)  # [N, G, C, C]  strictly lower: A
+    a_qk = torch.tril(inter[..., C:, :])  # [N, G, C, C]  causal incl. diagonal: P
+    # WY/UT transform: (I + A)^{-1} by one unit-triangular solve against the C×C identity (cheaper than
+    # solving for all K+V right-hand sides), then [W | U] = (I + A)^{-1} diag(β) [K⊙e^Γ | V] as a GEMM
+    eye = torch.eye(C, **new).expand(N, G, C, C)
+    a_inv = torch.linalg.solve_triangular(a_kk, eye, upper=False, unitriangular=True)  # [N, G, C, C]
+    wu = (a_inv * bc.transpose(-1, -2)) @ torch.cat([kq_pos[:, :, 0], vc], dim=-1)  # [N, G, C, K+V]
+    w, u = wu[..., :K].contiguous(), wu[..., K:].contiguous()  # [N, G, C, K], [N, G, C, V]
+    d_last = e_pos[..., -1, :].unsqueeze(-1).contiguous()  # [N, G, K, 1]  e^{Γ_C}
+    k_dec_t = (k_neg * d_last.transpose(-1, -2)).transpose(-1, -2).contiguous()  # [N, G, K, C]
+
+    # ---- the only sequential part: V'_n = U − W S_n,  S_{n+1} = Diag(e^{Γ_C}) S_n + (K⊙e^{Γ_C−Γ})ᵀ V'_n ----
+    init = None if initial_state is None else initial_state.to(cdt).reshape(-1, G, K, V)  # [docs, G, K, V]
+    resets = {n: d for n, d in enumerate(first) if d >= 0}
+    ends = {n for n in last if n >= 0}
+    track = torch.is_grad_enabled() and any(
+        x.requires_grad for x in (q, k, v, g, beta, initial_state) if x is not None
+    )
+    scan = _scan_autograd if track else _scan_inplace
+    s_in, deltas, s_out = scan(w, u, d_last, k_dec_t, init, resets, ends)  # [N, G, K, V], [N, G, C, V], {}
+
+    # ---- outputs, batched again: O = (Q⊙e^Γ) S_n + P V'_n -------------------------------------------------
+    o = torch.baddbmm(
+        (a_qk @ deltas).flatten(0, 1), kq_pos[:, :, 1].flatten(0, 1), s_in.flatten(0, 1)
+    )  # [N*G, C, V]
+    out = _from_chunks(scale * o.view(N, G, C, V), dest, Bt, T, H).to(v.dtype)
+
+    final = None
+    if output_final_state:
+        rows = []
+        for d in range(n_docs):
+            if last[d] >= 0:
+                rows.append(s_out[last[d]])
+            else:  # empty document: the state passes through unchanged
+                rows.append(q.new_zeros(G, K, V, dtype=cdt) if init is None else init[d])
+        final = torch.stack(rows).reshape(state_shape)
+    return out, final
+
+
+def _scan_autograd(w, u, d_last, k_dec_t, init, resets, ends):
+    """Chunk-to-chunk state scan with autograd: one node per step, states stacked afterwards.
+
+    ``resets``: ``{chunk: doc}`` where a document starts (state := its initial state); ``ends``: chunks
+    whose outgoing state is a document's final state. Returns ``(S_in [N, G, K, V], V' [N, G, C, V],
+    {chunk: S_out [G, K, V]})``.
+    """
+    N, G, C, K = w.shape
+    zero = w.new_zeros(G, K, u.shape[-1])
+    S = zero
+    s_in, deltas, out = [], [], {}
+    for n in range(N):
+        if n in resets:
+            S = zero if init is None else init[resets[n]]
+        delta = torch.baddbmm(u[n], w[n], S, alpha=-1.0)  # [G, C, V]  V' = U − W S
+        s_in.append(S)
+        deltas.append(delta)
+        S = torch.baddbmm(d_last[n] * S, k_dec_t[n], delta)  # [G, K, V]
+        if n in ends:
+            out[n] = S
+    return torch.stack(s_in), torch.stack(deltas), out
+
+
+def _scan_inplace(w, u, d_last, k_dec_t, init, resets, ends):
+    """The same scan without autograd, writing into preallocated buffers (no per-step allocation)."""
+    N, G, C, K = w.shape
+    V = u.shape[-1]
+    states = w.new_empty(N + 1, G, K, V)  # states[n] enters chunk n; states[n+1] leaves it
+    deltas = u.clone()  # [N, G, C, V]  becomes V' = U − W S in place
+    out = {}
+    for n in range(N):
+        if n in resets:
+            states[n].copy_(0 if init is None else init[resets[n]])
+        deltas[n].baddbmm_(w[n], states[n], alpha=-1.0)
+        torch.mul(states[n], d_last[n], out=states[n + 1])
+        states[n + 1].baddbmm_(k_dec_t[n], deltas[n])
+        if n in ends:  # copied: a reset at chunk n+1 overwrites states[n+1]
+            out[n] = states[n + 1].clone()
+    return states[:N], deltas, out
+
+
+def _check_cu_seqlens(cu: object, B: int, T: int, device: torch.device) -> None:
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(
+            f"cu_seqlens: expected a 1-D LongTensor [N+1] of document offsets, got "
+            f"{getattr(cu, 'shape', type(cu))}"
+        )
+    if cu.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"cu_seqlens: expected an int64 (or int32) tensor, got {cu.dtype}")
+    if cu.device != device:
+        raise ValueError(f"cu_seqlens: expected device {device} (same as q), got {cu.device}")
+    if B != 1:
+        raise ValueError(f"q: with cu_seqlens the batch must be packed into B = 1, got B = {B}")
+    vals = cu.tolist()
+    if vals[0] != 0 or vals[-1] != T or any(b < a for a, b in zip(vals, vals[1:])):
+        raise ValueError(
+            f"cu_seqlens: expected non-decreasing offsets from 0 to T = {T}, got {vals[:8]}"
+            f"{'...' if len(vals) > 8 else ''}"
+        )
