@@ -345,14 +345,15 @@ def _scan_inplace(w, u, d_last, k_dec_t, init, resets, ends):
     states = w.new_empty(N + 1, G, K, V)  # states[n] enters chunk n; states[n+1] leaves it
     deltas = u.clone()  # [N, G, C, V]  becomes V' = U − W S in place
     out = {}
+    s_, d_, w_, dl_, kd_ = (x.unbind(0) for x in (states, deltas, w, d_last, k_dec_t))  # views, made once
     for n in range(N):
         if n in resets:
-            states[n].copy_(0 if init is None else init[resets[n]])
-        deltas[n].baddbmm_(w[n], states[n], alpha=-1.0)
-        torch.mul(states[n], d_last[n], out=states[n + 1])
-        states[n + 1].baddbmm_(k_dec_t[n], deltas[n])
+            s_[n].copy_(0 if init is None else init[resets[n]])
+        d_[n].baddbmm_(w_[n], s_[n], alpha=-1.0)  # V' = U − W S
+        torch.mul(s_[n], dl_[n], out=s_[n + 1])
+        s_[n + 1].baddbmm_(kd_[n], d_[n])
         if n in ends:  # copied: a reset at chunk n+1 overwrites states[n+1]
-            out[n] = states[n + 1].clone()
+            out[n] = s_[n + 1].clone()
     return states[:N], deltas, out
 
 

@@ -1,0 +1,189 @@
+"""KDA operator benchmark: longmoe's chunked all-GEMM ``kda_chunk`` against peer PyTorch implementations.
+
+Peers, measured in the same run on the same inputs:
+- ``transformers``' pure-PyTorch KDA fallback ``chunk_kimi_delta_attention`` (its default chunk 64, and 16);
+- ``flash-linear-attention``'s naive chunk and recurrent references (``fla/ops/kda/naive.py``, loaded from
+  the installed files so Triton is not needed).
+
+Forward is timed under ``torch.no_grad()`` (the inference path) for every implementation; forward+backward
+with autograd. The roofline is this machine's ``torch.mm`` throughput measured in the same run, and the
+operator's share counts the useful FLOPs of the chunked algorithm (``kda_flops``).
+
+    python bench/kda.py            # T in {1024, 4096, 16384}, fp32 and bf16
+    python bench/kda.py --quick    # T = 1024, fp32 only (seconds; used by `make demo`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import gemm_roofline, markdown_table, timeit, write_results  # noqa: E402
+from longmoe.ops.gates import bounded_decay  # noqa: E402
+from longmoe.ops.kda import kda_chunk  # noqa: E402
+
+B, H, K, V, C = 1, 4, 64, 64, 16
+
+
+def kda_flops(T: int, H: int, K: int, V: int, C: int = 16) -> float:
+    """Useful forward FLOPs of the chunked algorithm (per chunk: the two C×C products, the triangular
+    inverse, [W|U], the state scan's two GEMMs, and the output's inter/intra terms)."""
+    per_chunk = 4 * C * C * K + C**3 / 3 + 2 * C * C * (K + V) + 6 * C * K * V + 2 * C * C * V
+    return H * -(-T // C) * per_chunk
+
+
+def load_peers() -> dict:
+    """The peer implementations that are installed (each optional)."""
+    peers = {}
+    try:
+        from transformers.models.kimi_linear.modeling_kimi_linear import (
+            chunk_kimi_delta_attention as tf_chunk,
+        )
+
+        def tf(q, k, v, g, b, chunk):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return tf_chunk(q, k, v, g, b, chunk_size=chunk)[0]
+
+        peers["transformers chunk64"] = lambda *x: tf(*x, 64)
+        peers["transformers chunk16"] = lambda *x: tf(*x, 16)
+    except ImportError:
+        print("transformers not installed: skipping its KDA fallback", file=sys.stderr)
+    spec = importlib.util.find_spec("fla")
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(spec.submodule_search_locations[0]) / "ops" / "kda" / "naive.py"
+        mod_spec = importlib.util.spec_from_file_location("fla_kda_naive", path)
+        mod = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(mod)
+        peers["fla naive chunk64"] = lambda q, k, v, g, b: mod.naive_chunk_kda(q, k, v, g, b, chunk_size=64)[
+            0
+        ]
+        peers["fla naive recurrent"] = lambda q, k, v, g, b: mod.naive_recurrent_kda(q, k, v, g, b)[0]
+    else:
+        print("flash-linear-attention not installed: skipping its naive references", file=sys.stderr)
+    return peers
+
+
+def make_inputs(T: int, dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = bounded_decay(torch.randn(B, T, H, K, generator=gen), torch.zeros(H, K))
+    beta = torch.rand(B, T, H, generator=gen)
+    return [x.to(dtype) for x in (q, k, v, g, beta)]
+
+
+def time_forward(fn, xs, budget: float) -> float:
+    def run():
+        with torch.no_grad():
+            fn(*xs)
+
+    return timeit(run, warmup=1, iters=5, max_seconds=budget)
+
+
+def time_fwd_bwd(fn, xs, budget: float) -> float:
+    leaves = [x.detach().clone().requires_grad_() for x in xs]
+
+    def run():
+        for x in leaves:
+            x.grad = None
+        fn(*leaves).float().sum().backward()
+
+    return timeit(run, warmup=1, iters=3, max_seconds=budget)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="T = 1024, fp32 only (a smoke run in seconds)")
+    ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README benchmark table")
+    args = ap.parse_args(argv)
+
+    lengths = [1024] if args.quick else [1024, 4096, 16384]
+    dtypes = [torch.float32] if args.quick else [torch.float32, torch.bfloat16]
+    peers = load_peers()
+    ours = lambda q, k, v, g, b: kda_chunk(q, k, v, g, b, chunk_size=C)[0]  # noqa: E731
+    roof = {str(dt).split(".")[-1]: gemm_roofline(dt) for dt in dtypes}
+    print("torch.mm roofline (GFLOP/s):", {k: round(v / 1e9, 1) for k, v in roof.items()}, flush=True)
+
+    rows, results = [], []
+    for dt in dtypes:
+        dname = str(dt).split(".")[-1]
+        for T in lengths:
+            xs = make_inputs(T, dt)
+            flops = kda_flops(T, H, K, V, C)
+            entry = {"T": T, "dtype": dname, "flops_fwd": flops, "fwd_s": {}, "fwd_bwd_s": {}}
+            entry["fwd_s"]["longmoe"] = time_forward(ours, xs, 20)
+            entry["fwd_bwd_s"]["longmoe"] = time_fwd_bwd(ours, xs, 20)
+            for name, fn in peers.items():
+                # the peers are 10-100x slower: forward everywhere, backward only where it fits the budget
+                if "recurrent" in name and T > 4096:
+                    continue
+                entry["fwd_s"][name] = time_forward(fn, xs, 30)
+                if (
+                    T <= 4096
+                    and not args.quick
+                    and "recurrent" not in name
+                    and name != "transformers chunk16"
+                ):
+                    entry["fwd_bwd_s"][name] = time_fwd_bwd(fn, xs, 60)
+            t_f, t_fb = entry["fwd_s"]["longmoe"], entry["fwd_bwd_s"]["longmoe"]
+            entry["roofline_share_fwd"] = flops / t_f / roof[dname]
+            entry["roofline_share_fwd_bwd"] = 3 * flops / t_fb / roof[dname]
+            entry["speedup_fwd"] = {n: t / t_f for n, t in entry["fwd_s"].items() if n != "longmoe"}
+            entry["speedup_fwd_bwd"] = {n: t / t_fb for n, t in entry["fwd_bwd_s"].items() if n != "longmoe"}
+            results.append(entry)
+            sp, spb = entry["speedup_fwd"], entry["speedup_fwd_bwd"]
+            rows.append(
+                [
+                    T,
+                    dname,
+                    f"{t_f * 1e3:.1f}",
+                    f"{100 * entry['roofline_share_fwd']:.0f}%",
+                    *(f"{sp[n]:.1f}×" if n in sp else "–" for n in peers),
+                    f"{t_fb * 1e3:.0f}",
+                    f"{100 * entry['roofline_share_fwd_bwd']:.0f}%",
+                    *(
+                        f"{spb[n]:.1f}×" if n in spb else "–"
+                        for n in ("transformers chunk64", "fla naive chunk64")
+                    ),
+                ]
+            )
+            print(rows[-1], flush=True)
+
+    header = [
+        "T",
+        "dtype",
+        "fwd ms",
+        "fwd % mm roofline",
+        *(f"fwd vs {n}" for n in peers),
+        "fwd+bwd ms",
+        "fwd+bwd % roofline",
+        "fwd+bwd vs transformers chunk64",
+        "fwd+bwd vs fla naive chunk64",
+    ]
+    table = (
+        f"KDA operator, B={B} H={H} K=V={K}, chunk {C}; speed-up = peer time / longmoe time in the same run "
+        f"(torch.mm roofline: {', '.join(f'{k} {v / 1e9:.0f} GFLOP/s' for k, v in roof.items())}; "
+        f"{torch.get_num_threads()} threads, shared machine).\n\n" + markdown_table(header, rows)
+    )
+    name = "kda_quick" if args.quick else "kda"  # a smoke run never overwrites the full table
+    write_results(
+        name,
+        {"roofline_flops": roof, "shape": dict(B=B, H=H, K=K, V=V, C=C), "results": results},
+        table,
+        update_readme=not (args.no_readme or args.quick),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
