@@ -1,0 +1,161 @@
+"""Sparse MoE feed-forward with a latent expert space and aux-loss-free balancing (design.md §1.5).
+
+    s  = sigmoid(x W_rᵀ)                         router in full width, [N, E]
+    S  = top-k(s + b)                            b: balancing bias buffer (selection only, no grad)
+    w  = routed_scale · s_S / Σ s_S              combine weights from the unbiased scores
+    z  = W_down x                                latent ℓ = d / α (identity when α = 1)
+    y  = W_up Σ_{e∈S} w_e GLU_e(z) + Σ_shared GLU(x)
+
+Routed experts are stored as 3-D tensors (``w_in [E, ℓ, 2f]`` gate|up fused, ``w_out [E, f, ℓ]``) so
+expert parallelism can shard dimension 0. Dispatch is dropless (``ops/moe_dispatch.py``). Balancer state
+(bias, the windowed load ring, the current step's counts) lives in persistent buffers, so a checkpoint
+of ``state_dict()`` resumes balancing exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from longmoe.config import FFNConfig
+from longmoe.layers import balance
+from longmoe.ops.moe_dispatch import dispatch_experts, glu_act, route
+
+PARAM_KEYS = ("router", "latent_proj", "routed_experts", "shared_experts")
+
+
+class SharedExperts(nn.Module):
+    """``n_shared`` full-width GLU experts fused into one GLU of width ``n_shared · shared_hidden``
+    (a sum of GLUs over disjoint hidden units is one GLU): ``3 · d · shared_hidden`` params each."""
+
+    def __init__(self, d_model: int, hidden: int, glu: str) -> None:
+        super().__init__()
+        self.glu = glu
+        self.w_in = nn.Linear(d_model, 2 * hidden, bias=False)  # gate|up
+        self.w_out = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_out(glu_act(self.w_in(x), self.glu))
+
+
+class MoELayer(nn.Module):
+    """The MoE FFN: ``forward(x [..., d]) -> [..., d]``; balancing via ``aux_loss`` / ``update_balance``."""
+
+    def __init__(self, d_model: int, ffn: FFNConfig, *, impl: str = "bmm", init_std: float = 0.02) -> None:
+        super().__init__()
+        ffn.validate(d_model)
+        self.d_model, self.cfg, self.impl = d_model, ffn, impl
+        E, f = ffn.n_experts, ffn.expert_hidden
+        l = ffn.latent_dim(d_model)
+        self.latent = l
+        self.router = nn.Linear(d_model, E, bias=False)  # router.weight [E, d]
+        if ffn.latent_ratio > 1:
+            self.down = nn.Linear(d_model, l, bias=False)
+            self.up = nn.Linear(l, d_model, bias=False)
+        else:
+            self.down = self.up = None
+        self.w_in = nn.Parameter(torch.empty(E, l, 2 * f))  # [E, ℓ, 2f] gate|up
+        self.w_out = nn.Parameter(torch.empty(E, f, l))  # [E, f, ℓ]
+        sh = ffn.n_shared * ffn.shared_hidden
+        self.shared = SharedExperts(d_model, sh, ffn.glu) if ffn.n_shared else None
+        # balancer state: all persistent, all in state_dict()
+        self.register_buffer("bias", torch.zeros(E))  # selection bias b [E]
+        self.register_buffer("load_window", torch.zeros(ffn.balance_window, E))  # ring of step counts
+        self.register_buffer("window_pos", torch.zeros((), dtype=torch.long))  # next ring slot
+        self.register_buffer("balance_steps", torch.zeros((), dtype=torch.long))  # update_balance calls
+        self.register_buffer("step_counts", torch.zeros(E))  # pairs per expert since last update
+        self.register_buffer("step_entropy", torch.zeros(2))  # [Σ token entropy, tokens] since last update
+        self.register_buffer("last_entropy", torch.zeros(()))
+        self.aux_loss: torch.Tensor = torch.zeros(())
+        self.reset_parameters(init_std)
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        for p in self.parameters():
+            nn.init.normal_(p, 0.0, std)
+
+    # ------------------------------------------------------------------------------------------ accounting
+    @staticmethod
+    def analytic_param_counts(d_model: int, ffn: FFNConfig) -> dict[str, int]:
+        """Total parameters of one MoE layer by part (what ``longmoe inspect`` reports)."""
+        E, f, l = ffn.n_experts, ffn.expert_hidden, ffn.latent_dim(d_model)
+        return {
+            "router": E * d_model,
+            "latent_proj": 2 * d_model * l if ffn.latent_ratio > 1 else 0,
+            "routed_experts": E * 3 * l * f,
+            "shared_experts": ffn.n_shared * 3 * d_model * ffn.shared_hidden,
+        }
+
+    @staticmethod
+    def active_param_counts(d_model: int, ffn: FFNConfig) -> dict[str, int]:
+        """Parameters one token touches: the full router, the projections, ``top_k`` experts, shared."""
+        c = MoELayer.analytic_param_counts(d_model, ffn)
+        c["routed_experts"] = ffn.top_k * 3 * ffn.latent_dim(d_model) * ffn.expert_hidden
+        return c
+
+    # ------------------------------------------------------------------------------------------ forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        xf = x.reshape(-1, self.d_model)  # [N, d]
+        cfg = self.cfg
+        logits = F.linear(xf.float(), self.router.weight.float())  # [N, E] router in fp32
+        scores, idx, w = route(logits, self.bias, cfg.top_k, cfg.routed_scale)
+        z = self.down(xf) if self.down is not None else xf  # [N, ℓ]
+        y = dispatch_experts(z, idx, w, self.w_in, self.w_out, cfg.glu, self.impl)  # [N, ℓ]
+        if self.up is not None:
+            y = self.up(y)  # [N, d]
+        if self.shared is not None:
+            y = y + self.shared(xf)
+        if self.training:
+            with torch.no_grad():
+                self.step_counts += torch.bincount(idx.reshape(-1), minlength=cfg.n_experts).to(
+                    self.step_counts.dtype
+                )
+                ent = balance.router_entropy(scores.detach())
+                self.step_entropy += torch.stack([ent * xf.shape[0], ent.new_tensor(float(xf.shape[0]))])
+            if cfg.balancer == "aux":
+                self.aux_loss = balance.aux_balance_loss(scores, idx, cfg.n_experts, cfg.aux_loss_coef)
+            else:
+                self.aux_loss = scores.new_zeros(())
+        else:
+            self.aux_loss = scores.new_zeros(())
+        return y.reshape(shape).to(x.dtype)
+
+    # ------------------------------------------------------------------------------------------ balancing
+    @property
+    def load(self) -> torch.Tensor:
+        """Windowed running load per expert: pairs routed over the last ``balance_window`` steps. [E]"""
+        return self.load_window.sum(0)
+
+    @torch.no_grad()
+    def update_balance(self) -> None:
+        """After an optimizer step: fold the step's counts into the window, move the bias, reset counts."""
+        cfg = self.cfg
+        pos = int(self.window_pos)
+        self.load_window[pos] = self.step_counts
+        self.window_pos.fill_((pos + 1) % cfg.balance_window)
+        self.balance_steps += 1
+        load = self.load
+        if float(load.sum()) > 0:
+            if cfg.balancer == "quantile":
+                self.bias.copy_(balance.quantile_update(self.bias, load, cfg.bias_step, cfg.balance_quantile))
+            elif cfg.balancer == "sign":
+                self.bias.copy_(balance.sign_update(self.bias, load, cfg.bias_step))
+        if float(self.step_entropy[1]) > 0:
+            self.last_entropy.fill_(float(self.step_entropy[0] / self.step_entropy[1]))
+        self.step_counts.zero_()
+        self.step_entropy.zero_()
+
+    def balance_metrics(self) -> dict:
+        """``max_vio``, ``dead_experts`` (no tokens in the window), ``router_entropy`` (nats, of the last
+        step), ``load`` (the windowed load normalised to sum 1) for the trainer's logs."""
+        load = self.load
+        if float(load.sum()) == 0:  # nothing folded yet: report the current step
+            load = self.step_counts
+        total = float(load.sum())
+        return {
+            "max_vio": balance.max_vio(load),
+            "dead_experts": int((load == 0).sum()) if total > 0 else 0,
+            "router_entropy": float(self.last_entropy),
+            "load": (load / total).tolist() if total > 0 else [0.0] * self.cfg.n_experts,
+        }
