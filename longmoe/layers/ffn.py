@@ -1,0 +1,17 @@
+"""The one place that decides which feed-forward a layer gets, so the MoE drops in by config alone."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from longmoe.config import ModelConfig
+from longmoe.layers.mlp import GLUMLP
+
+
+def build_ffn(cfg: ModelConfig, layer_idx: int) -> nn.Module:
+    """Dense GLU MLP, or ``MoELayer(cfg.d_model, cfg.ffn)`` when ``cfg.is_moe_layer(layer_idx)``."""
+    if cfg.is_moe_layer(layer_idx):
+        from longmoe.layers.moe import MoELayer  # lazy: the MoE is optional for dense configs
+
+        return MoELayer(cfg.d_model, cfg.ffn)
+    return GLUMLP(cfg.d_model, cfg.ffn.dense_hidden, cfg.ffn.glu)

@@ -1,0 +1,138 @@
+"""The KDA layer: projections, short causal conv, gates and output around the ``ops/kda.py`` operator.
+
+Per token: one fused projection gives ``q|k|v`` (then a depthwise causal conv of width ``W`` and SiLU),
+the write strength ``β = sigmoid(·)``, a rank-``r`` decay-gate input and the output gate. ``q, k`` are
+L2-normalised per head (the op expects it), the decay is ``g = g_min·sigmoid(e^A ⊙ h)`` (bounded) or the
+softplus baseline, and the output is ``o_proj(RMSNorm(o) ⊙ sigmoid(W_g x))``.
+
+Decode carries the recurrent state and the last ``W-1`` conv inputs, so one token costs O(1) in the
+context length. Packed documents reset both: the op resets the state at ``cu_seqlens`` and the conv
+masks taps that would reach into the previous document.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from longmoe.cache import KDAState, Packing
+from longmoe.config import ModelConfig
+from longmoe.layers.norm import GatedRMSNorm
+from longmoe.ops.gates import bounded_decay, softplus_decay
+from longmoe.ops.kda import kda_chunk, kda_step
+
+# decay init: per channel, -g (log-decay per token) is log-uniform in this range at init, so the layer
+# starts with memories from ~10 tokens (fast channels) to ~1000 tokens (slow channels).
+_INIT_DECAY_RANGE = (1e-3, 1e-1)
+
+
+def _causal_conv(
+    x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor | None, packing: Packing | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv as ``W`` shifted multiply-adds; returns ``(y [B, T, C], new_tail)``.
+
+    ``x``: ``[B, T, C]``, ``weight``: ``[C, W]`` (last tap = current token), ``tail``: ``[B, W-1, C]``
+    previous inputs (None = zeros). With ``packing`` a tap ``s`` tokens back is used only if it stays
+    inside the token's document.
+    """
+    B, T, C = x.shape
+    W = weight.shape[1]
+    if tail is None:
+        tail = x.new_zeros(B, W - 1, C)
+    xp = torch.cat([tail.to(x.dtype), x], dim=1)  # [B, W-1+T, C]
+    y = xp[:, W - 1 :] * weight[:, W - 1]
+    for i in range(W - 1):
+        s = W - 1 - i  # tokens back
+        tap = xp[:, i : i + T] * weight[:, i]
+        if packing is not None:
+            tap = tap * (packing.doc_pos >= s).to(x.dtype)[None, :, None]
+        y = y + tap
+    return y, xp[:, xp.shape[1] - (W - 1) :]
+
+
+class KDALayer(nn.Module):
+    """KDA token mixer: ``x [B, T, d] -> [B, T, d]``, optionally continuing a ``KDAState``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d, H, K = cfg.d_model, cfg.kda_heads, cfg.kda_head_dim
+        self.H, self.K, self.V, self.r = H, K, K, cfg.kda_gate_rank
+        self.conv_size, self.chunk_size = cfg.kda_conv_size, cfg.kda_chunk_size
+        self.gate_kind, self.g_min, self.eps = cfg.kda_gate, cfg.g_min, cfg.norm_eps
+        self.qkv_dim = 3 * H * K
+        self.splits = (self.qkv_dim, H, self.r, H * self.V)  # q|k|v, β, gate rank, output gate
+        self.in_proj = nn.Linear(d, sum(self.splits), bias=False)
+        self.conv_weight = nn.Parameter(torch.empty(self.qkv_dim, self.conv_size))  # [C, W]
+        self.gate_up = nn.Linear(self.r, H * K, bias=True)  # rank-r decay gate; bias sets the init decay
+        self.A = nn.Parameter(torch.zeros(H, K))  # log-scale of the gate (e^A ⊙ h)
+        self.out_norm = GatedRMSNorm(self.V, cfg.norm_eps)
+        self.o_proj = nn.Linear(H * self.V, d, bias=False)
+
+    @staticmethod
+    def param_count(cfg: ModelConfig) -> int:
+        d, H, K, r, W = cfg.d_model, cfg.kda_heads, cfg.kda_head_dim, cfg.kda_gate_rank, cfg.kda_conv_size
+        in_proj = d * (3 * H * K + H + r + H * K)
+        return in_proj + 3 * H * K * W + (r * H * K + H * K) + H * K + K + H * K * d
+
+    @torch.no_grad()
+    def init_weights(self, std: float, out_std: float) -> None:
+        nn.init.normal_(self.in_proj.weight, std=std)
+        nn.init.normal_(self.gate_up.weight, std=std)
+        nn.init.normal_(self.o_proj.weight, std=out_std)
+        bound = 1.0 / math.sqrt(self.conv_size)  # PyTorch's default depthwise-conv init
+        nn.init.uniform_(self.conv_weight, -bound, bound)
+        self.A.zero_()
+        lo, hi = _INIT_DECAY_RANGE
+        neg_g = torch.exp(torch.empty(self.H * self.K).uniform_(math.log(lo), math.log(hi)))
+        if self.gate_kind == "bounded":  # g = g_min·sigmoid(b)  =>  b = logit(-g / -g_min)
+            p = neg_g / -self.g_min
+            self.gate_up.bias.copy_(torch.log(p) - torch.log1p(-p))
+        else:  # g = -softplus(b)  =>  b = log(expm1(-g))
+            self.gate_up.bias.copy_(torch.log(torch.expm1(neg_g)))
+        self.out_norm.weight.fill_(1.0)
+
+    def forward(
+        self, x: torch.Tensor, state: KDAState | None = None, packing: Packing | None = None
+    ) -> torch.Tensor:
+        """``x [B, T, d]``; ``state`` (updated in place) continues a cached sequence."""
+        B, T, _ = x.shape
+        H, K, V = self.H, self.K, self.V
+        qkv, beta, gate_in, out_gate = self.in_proj(x).split(self.splits, dim=-1)
+        qkv, tail = _causal_conv(qkv, self.conv_weight, None if state is None else state.conv, packing)
+        q, k, v = F.silu(qkv).view(B, T, 3, H, K).unbind(2)  # [B, T, H, K] each
+        q = F.normalize(q, dim=-1)
+        k = F.normalize(k, dim=-1)
+        beta = torch.sigmoid(beta.float())  # [B, T, H]
+        h = self.gate_up(gate_in).float().view(B, T, H, K)
+        A = self.A.float()
+        g = bounded_decay(h, A, self.g_min) if self.gate_kind == "bounded" else softplus_decay(h, A)
+        if state is not None and T == 1:  # decode: one step of the recurrence
+            o, new_state = kda_step(
+                q[:, 0], k[:, 0], v[:, 0], g[:, 0].to(q.dtype), beta[:, 0].to(q.dtype), state.state
+            )
+            o = o.unsqueeze(1)  # [B, 1, H, V]
+        else:
+            o, new_state = kda_chunk(
+                q,
+                k,
+                v,
+                g.to(q.dtype),
+                beta.to(q.dtype),
+                initial_state=None if state is None else state.state,
+                output_final_state=state is not None,
+                cu_seqlens=None if packing is None else packing.cu_seqlens,
+                chunk_size=self.chunk_size,
+            )  # [B, T, H, V]
+        if state is not None:
+            state.state, state.conv = new_state, tail.detach()
+        o = self.out_norm(o, out_gate.view(B, T, H, V))
+        return self.o_proj(o.reshape(B, T, H * V))  # [B, T, d]
+
+    def new_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> KDAState:
+        return KDAState(
+            state=torch.zeros(batch_size, self.H, self.K, self.V, device=device, dtype=torch.float32),
+            conv=torch.zeros(batch_size, self.conv_size - 1, self.qkv_dim, device=device, dtype=dtype),
+        )

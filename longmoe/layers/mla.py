@@ -1,0 +1,131 @@
+"""Gated Multi-head Latent Attention, NoPE: softmax attention whose only cache is a latent ``c``.
+
+``c_t = RMSNorm(W_dkv x_t) ∈ R^{d_c}`` is cached; per head ``k = W_uk c``, ``v = W_uv c``; queries go
+through a low rank ``q = W_uq RMSNorm(W_dq x)``. No positional encoding at all. The head outputs are
+gated element-wise by ``sigmoid(W_gate x)`` before ``o_proj`` (no attention sinks).
+
+Two ways to attend against the cache, which must agree:
+- naive: expand ``k, v`` for every cached token, then attend;
+- absorbed: fold ``W_uk`` into the query (``q̃_h = W_ukᵀ q_h ∈ R^{d_c}``) and ``W_uv`` into the output,
+  attending directly against ``c`` — per step it reads ``d_c`` numbers per cached token, not ``H·(K+V)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from longmoe.cache import MLAState, Packing
+from longmoe.config import ModelConfig
+from longmoe.layers.norm import RMSNorm
+
+DECODE_PATHS = ("absorbed", "naive")
+
+
+class MLALayer(nn.Module):
+    """Gated NoPE MLA token mixer: ``x [B, T, d] -> [B, T, d]``, optionally continuing an ``MLAState``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d, H = cfg.d_model, cfg.mla_heads
+        self.H, self.Dq, self.Dv = H, cfg.mla_head_dim, cfg.mla_v_head_dim
+        self.q_rank, self.d_c = cfg.mla_q_lora_rank, cfg.mla_kv_lora_rank
+        self.splits = (self.q_rank, self.d_c, H * self.Dv)  # q down | kv down | output gate
+        self.in_proj = nn.Linear(d, sum(self.splits), bias=False)
+        self.q_norm = RMSNorm(self.q_rank, cfg.norm_eps)
+        self.q_up = nn.Linear(self.q_rank, H * self.Dq, bias=False)
+        self.kv_norm = RMSNorm(self.d_c, cfg.norm_eps)
+        self.kv_up = nn.Linear(self.d_c, H * (self.Dq + self.Dv), bias=False)  # W_uk (all heads) | W_uv
+        self.o_proj = nn.Linear(H * self.Dv, d, bias=False)
+        self.scale = self.Dq**-0.5
+        self.decode_path = "absorbed"  # how a call with a cache attends: "absorbed" or "naive"
+
+    @staticmethod
+    def param_count(cfg: ModelConfig) -> int:
+        d, H, Dq, Dv = cfg.d_model, cfg.mla_heads, cfg.mla_head_dim, cfg.mla_v_head_dim
+        rq, dc = cfg.mla_q_lora_rank, cfg.mla_kv_lora_rank
+        return d * (rq + dc + H * Dv) + rq + rq * H * Dq + dc + dc * H * (Dq + Dv) + H * Dv * d
+
+    @torch.no_grad()
+    def init_weights(self, std: float, out_std: float) -> None:
+        for lin in (self.in_proj, self.q_up, self.kv_up):
+            nn.init.normal_(lin.weight, std=std)
+        nn.init.normal_(self.o_proj.weight, std=out_std)
+        self.q_norm.weight.fill_(1.0)
+        self.kv_norm.weight.fill_(1.0)
+
+    def _w_uk_uv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self.kv_up.weight  # [H*(Dq+Dv), d_c]
+        H = self.H
+        return w[: H * self.Dq].view(H, self.Dq, self.d_c), w[H * self.Dq :].view(H, self.Dv, self.d_c)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        state: MLAState | None = None,
+        seq_lens: torch.Tensor | None = None,
+        packing: Packing | None = None,
+    ) -> torch.Tensor:
+        """``x [B, T, d]``. With ``state`` the new latents are appended after ``seq_lens [B]`` per row."""
+        B, T, _ = x.shape
+        H, Dq, Dv = self.H, self.Dq, self.Dv
+        q_lat, c, gate = self.in_proj(x).split(self.splits, dim=-1)
+        q = self.q_up(self.q_norm(q_lat)).view(B, T, H, Dq).transpose(1, 2)  # [B, H, T, Dq]
+        c = self.kv_norm(c)  # [B, T, d_c]
+        mask, causal = None, False
+        if state is None:
+            ctx = c  # [B, S=T, d_c]
+            if packing is not None:
+                mask = packing.attn_mask()  # [T, T] block-diagonal causal
+            else:
+                causal = True
+            path = "naive"
+        else:
+            ctx, mask = self._append(state, c, seq_lens)  # [B, S, d_c], [B, 1, T, S] or None
+            path = self.decode_path
+        if path == "naive":
+            k, v = self.kv_up(ctx).split((H * Dq, H * Dv), dim=-1)  # [B, S, H*Dq], [B, S, H*Dv]
+            k = k.view(B, -1, H, Dq).transpose(1, 2)  # [B, H, S, Dq]
+            v = v.view(B, -1, H, Dv).transpose(1, 2)  # [B, H, S, Dv]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale)
+        elif path == "absorbed":
+            w_uk, w_uv = self._w_uk_uv()
+            q_abs = torch.einsum("bhtk,hkc->bhtc", q, w_uk)  # [B, H, T, d_c]
+            kv = ctx.unsqueeze(1).expand(B, H, ctx.shape[1], self.d_c)  # [B, H, S, d_c] (a view)
+            o_lat = F.scaled_dot_product_attention(
+                q_abs, kv, kv, attn_mask=mask, is_causal=causal, scale=self.scale
+            )  # [B, H, T, d_c]
+            o = torch.einsum("bhtc,hvc->bhtv", o_lat, w_uv)  # [B, H, T, Dv]
+        else:
+            raise ValueError(f"decode_path: expected one of {DECODE_PATHS}, got {path!r}")
+        o = o.transpose(1, 2) * torch.sigmoid(gate).view(B, T, H, Dv)  # [B, T, H, Dv]
+        return self.o_proj(o.reshape(B, T, H * Dv))
+
+    @staticmethod
+    def _append(
+        state: MLAState, c: torch.Tensor, seq_lens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Write ``c [B, T, d_c]`` after each row's ``seq_lens`` and return ``(context, mask)``."""
+        B, T, _ = c.shape
+        lens = seq_lens.to(c.device)
+        lo, hi = int(lens.min()), int(lens.max())
+        S = hi + T
+        state.ensure_capacity(S)
+        c = c.to(state.buf.dtype)
+        if lo == hi:  # all rows aligned: a slice write, and a mask only when T > 1
+            state.buf[:, hi:S] = c
+            ctx = state.buf[:, :S]
+            if T == 1:
+                return ctx, None
+            i = torch.arange(T, device=c.device)[:, None]
+            j = torch.arange(S, device=c.device)[None, :]
+            return ctx, (j <= hi + i)[None, None]  # [1, 1, T, S]
+        pos = lens[:, None] + torch.arange(T, device=c.device)[None, :]  # [B, T]
+        rows = torch.arange(B, device=c.device)[:, None].expand(B, T)
+        state.buf[rows, pos] = c
+        j = torch.arange(S, device=c.device)[None, None, :]
+        return state.buf[:, :S], (j <= pos[:, :, None])[:, None]  # [B, 1, T, S]
+
+    def new_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> MLAState:
+        return MLAState(torch.zeros(batch_size, 0, self.d_c, device=device, dtype=dtype))
