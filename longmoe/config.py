@@ -227,18 +227,28 @@ def _small() -> ModelConfig:
 
 
 def _flagship() -> ModelConfig:
-    """The seeds' scale (accounting only, never instantiated): 896 routed experts, 1M context."""
+    """The seeds' scale (accounting only, never instantiated): 896 routed experts, 1M context.
+
+    ``longmoe inspect --preset flagship``: ~2.83T total, ~104B active per token (24 of 896 latent
+    experts at α = 2, one shared expert), untied embeddings.
+    """
     return ModelConfig(
         vocab_size=163840, d_model=7168, n_layers=64, layer_pattern="LLLM", max_seq_len=1 << 20,
         kda_heads=64, kda_head_dim=128, kda_gate_rank=128,
         mla_heads=64, mla_q_lora_rank=1536, mla_kv_lora_rank=512, mla_head_dim=192, mla_v_head_dim=128,
-        attn_res_blocks=8, dtype="bfloat16",
-        ffn=FFNConfig(kind="moe", dense_hidden=18432, n_experts=896, top_k=16, n_shared=1, latent_ratio=4,
-                      expert_hidden=2048, shared_hidden=2048, first_k_dense=1),
+        attn_res_blocks=8, dtype="bfloat16", tie_embeddings=False,
+        ffn=FFNConfig(kind="moe", dense_hidden=18432, n_experts=896, top_k=24, n_shared=1, latent_ratio=2,
+                      expert_hidden=4608, shared_hidden=4096, first_k_dense=1),
     )
 
 
-PRESETS = {"tiny": _tiny, "small": _small, "flagship": _flagship}
+def _tiny_dense() -> ModelConfig:
+    """``tiny`` with a dense SwiGLU FFN everywhere (the MoE-free baseline / ablation)."""
+    cfg = _tiny()
+    return cfg.replace(ffn=FFNConfig(kind="dense", dense_hidden=cfg.ffn.dense_hidden))
+
+
+PRESETS = {"tiny": _tiny, "tiny-dense": _tiny_dense, "small": _small, "flagship": _flagship}
 
 
 def preset(name: str) -> ModelConfig:

@@ -13,5 +13,5 @@ def build_ffn(cfg: ModelConfig, layer_idx: int) -> nn.Module:
     if cfg.is_moe_layer(layer_idx):
         from longmoe.layers.moe import MoELayer  # lazy: the MoE is optional for dense configs
 
-        return MoELayer(cfg.d_model, cfg.ffn)
+        return MoELayer(cfg.d_model, cfg.ffn, init_std=cfg.init_std)
     return GLUMLP(cfg.d_model, cfg.ffn.dense_hidden, cfg.ffn.glu)

@@ -1,0 +1,176 @@
+"""``longmoe inspect``: parameters, sparsity and cache memory of a config, computed from the config alone.
+
+Nothing is instantiated (the flagship has trillions of parameters); every count comes from the
+layers' own ``param_count`` formulas and ``MoELayer.analytic_param_counts``, and the tests check them
+against real modules on the tiny preset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from longmoe.config import ConfigError, ModelConfig, preset
+from longmoe.layers.attnres import BlockAttnRes
+from longmoe.layers.kda import KDALayer
+from longmoe.layers.mla import MLALayer
+from longmoe.layers.mlp import GLUMLP
+
+BF16_BYTES = 2
+FP32_BYTES = 4  # KDA recurrent states are kept in fp32 in the cache
+CONTEXTS = {"8K": 8 * 1024, "128K": 128 * 1024, "1M": 1024 * 1024}
+PARTS = (
+    "embeddings",
+    "kda",
+    "mla",
+    "dense_ffn",
+    "routed_experts",
+    "shared_experts",
+    "router",
+    "latent_proj",
+    "norms",
+    "attn_res",
+)
+
+
+def _moe_counts(cfg: ModelConfig, active: bool) -> dict[str, int]:
+    from longmoe.layers.moe import MoELayer
+
+    fn = MoELayer.active_param_counts if active else MoELayer.analytic_param_counts
+    return fn(cfg.d_model, cfg.ffn)
+
+
+def param_counts(cfg: ModelConfig, active: bool = False) -> dict[str, int]:
+    """Parameters by part; ``active=True`` counts what one token touches (``top_k`` routed experts)."""
+    d, types = cfg.d_model, cfg.layer_types
+    n_moe = sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
+    c = dict.fromkeys(PARTS, 0)
+    c["embeddings"] = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
+    c["kda"] = types.count("L") * KDALayer.param_count(cfg)
+    c["mla"] = types.count("M") * MLALayer.param_count(cfg)
+    c["dense_ffn"] = (cfg.n_layers - n_moe) * GLUMLP.param_count(d, cfg.ffn.dense_hidden)
+    if n_moe:
+        for k, v in _moe_counts(cfg, active).items():
+            c[k] += n_moe * v
+    c["norms"] = (2 * cfg.n_layers + 1) * d  # two pre-norms per layer + final (mixer-internal: in kda/mla)
+    if cfg.attn_res:
+        c["attn_res"] = BlockAttnRes.param_count(2 * cfg.n_layers + 1, d)
+    return c
+
+
+def cache_accounting(cfg: ModelConfig) -> dict[str, Any]:
+    """Cache bytes: MLA latents (bf16) per token, KDA states (fp32) + conv tails (bf16) per sequence."""
+    types = cfg.layer_types
+    n_l, n_m = types.count("L"), types.count("M")
+    hk = cfg.kda_heads * cfg.kda_head_dim
+    kda_state = n_l * (hk * cfg.kda_head_dim * FP32_BYTES + (cfg.kda_conv_size - 1) * 3 * hk * BF16_BYTES)
+    latent = n_m * cfg.mla_kv_lora_rank * BF16_BYTES
+    mha = 2 * cfg.n_layers * cfg.d_model * BF16_BYTES  # K and V of every layer, heads × head_dim = d
+    ctx = {
+        name: {
+            "hybrid_bytes": kda_state + n * latent,
+            "full_mha_bytes": n * mha,
+            "ratio": (n * mha) / (kda_state + n * latent),
+        }
+        for name, n in CONTEXTS.items()
+    }
+    return {
+        "mla_latent_bytes_per_token": latent,
+        "kda_state_bytes_per_sequence": kda_state,
+        "full_mha_kv_bytes_per_token": mha,
+        "contexts": ctx,
+    }
+
+
+def report(cfg: ModelConfig) -> dict[str, Any]:
+    total, active = param_counts(cfg), param_counts(cfg, active=True)
+    t, a = sum(total.values()), sum(active.values())
+    f = cfg.ffn
+    return {
+        "total_params": t,
+        "active_params": a,
+        "active_fraction": a / t,
+        "sparsity": 1.0 - a / t,
+        "routed_sparsity": (1.0 - f.top_k / f.n_experts) if f.kind == "moe" else 0.0,
+        "params": total,
+        "active": active,
+        "layers": {
+            "n_layers": cfg.n_layers,
+            "kda": cfg.layer_types.count("L"),
+            "mla": cfg.layer_types.count("M"),
+            "moe": sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers)),
+        },
+        "max_seq_len": cfg.max_seq_len,
+        "cache": cache_accounting(cfg),
+    }
+
+
+def _h(n: float, unit: str = "") -> str:
+    for div, s in ((1e12, "T"), (1e9, "G" if unit else "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{s}{unit}"
+    return f"{n:.0f}{unit}"
+
+
+def _bytes(n: float) -> str:
+    for div, s in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if n >= div:
+            return f"{n / div:.3g} {s}"
+    return f"{n:.0f} B"
+
+
+def format_report(r: dict[str, Any], name: str) -> str:
+    lines = [
+        f"longmoe inspect: {name}",
+        f"  layers: {r['layers']['n_layers']} ({r['layers']['kda']} KDA, {r['layers']['mla']} MLA, "
+        f"{r['layers']['moe']} MoE), max_seq_len {r['max_seq_len']:,}",
+        "",
+        f"  {'part':<16}{'total':>12}{'active/token':>16}",
+    ]
+    for k in PARTS:
+        if r["params"][k] or r["active"][k]:
+            lines.append(f"  {k:<16}{_h(r['params'][k]):>12}{_h(r['active'][k]):>16}")
+    lines += [
+        f"  {'TOTAL':<16}{_h(r['total_params']):>12}{_h(r['active_params']):>16}",
+        f"  exact: total {r['total_params']:,}  active {r['active_params']:,}",
+        f"  sparsity: {r['sparsity']:.2%} of parameters idle per token "
+        f"(routed experts: {r['routed_sparsity']:.2%})",
+        "",
+    ]
+    c = r["cache"]
+    lines += [
+        f"  MLA latent cache: {c['mla_latent_bytes_per_token']:,} B/token (bf16)",
+        f"  KDA state: {_bytes(c['kda_state_bytes_per_sequence'])} per sequence "
+        "(fp32 states + bf16 conv tails, constant in context)",
+        f"  full MHA of the same width: {c['full_mha_kv_bytes_per_token']:,} B/token (bf16 K+V)",
+        f"  {'context':<9}{'hybrid cache':>16}{'full MHA KV':>16}{'MHA / hybrid':>14}",
+    ]
+    for n, v in c["contexts"].items():
+        lines.append(
+            f"  {n:<9}{_bytes(v['hybrid_bytes']):>16}{_bytes(v['full_mha_bytes']):>16}{v['ratio']:>13.1f}x"
+        )
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--preset", default=None, help="named preset: tiny, small or flagship (default: tiny)")
+    g.add_argument("--config", default=None, help="path to a config.json (a model directory's config)")
+    parser.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.config:
+            cfg, name = ModelConfig.load(args.config), args.config
+        else:
+            name = args.preset or "tiny"
+            cfg = preset(name)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"longmoe inspect: {e}", file=sys.stderr)
+        return 2
+    r = report(cfg)
+    print(json.dumps({"name": name, **r}, indent=2) if args.json else format_report(r, name))
+    return 0
