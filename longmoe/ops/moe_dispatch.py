@@ -87,75 +87,84 @@ def _glu_act_bwd(h: torch.Tensor, da: torch.Tensor, glu: str) -> torch.Tensor:
     """Gradient of ``glu_act`` w.r.t. the fused input ``h`` given the gradient ``da`` of its output."""
     g, u = h.chunk(2, dim=-1)
     if glu == "swiglu":
-        sg = torch.sigmoid(g)
-        act = g * sg
-        dact = sg * (1 + g * (1 - sg))
+        dg = torch.ops.aten.silu_backward(da * u, g)
+        du = da * F.silu(g)
     else:
-        c = 0.7978845608028654  # sqrt(2 / pi)
-        inner = c * (g + 0.044715 * g**3)
-        t = torch.tanh(inner)
-        act = 0.5 * g * (1 + t)
-        dact = 0.5 * (1 + t) + 0.5 * g * (1 - t * t) * c * (1 + 3 * 0.044715 * g * g)
-    return torch.cat([da * u * dact, da * act], dim=-1)
+        dg = torch.ops.aten.gelu_backward(da * u, g, approximate="tanh")
+        du = da * F.gelu(g, approximate="tanh")
+    return torch.cat([dg, du], dim=-1)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # layout
 
 
-def sort_by_expert(idx: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stable sort of the flat (token, slot) pairs by expert.
+class Layout:
+    """Where every (token, slot) pair lives in the zero-padded ``[E, C, ℓ]`` expert-major layout.
 
-    Returns ``(order [N*k], expert_of_sorted [N*k], counts [E])``; ``order[j]`` is the flat pair index
-    ``token * k + slot`` of the j-th sorted pair.
+    Pairs are sorted by expert (stable: within an expert, in token order), expert ``e``'s group fills rows
+    ``[e·C, e·C + count_e)``; ``C`` is the largest group rounded up to ``PAD_MULTIPLE``. Padding rows point
+    at a sentinel (index ``N`` for tokens, ``N·k`` for pairs) that selects an appended zero row, so the
+    padded tensors are built by one gather with no separate zero fill.
     """
-    flat = idx.reshape(-1)  # [N*k]
-    e_sorted, order = torch.sort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=n_experts)
-    return order, e_sorted, counts
+
+    def __init__(self, idx: torch.Tensor, n_experts: int) -> None:
+        # idx [N, k] long
+        N, k = idx.shape
+        M = N * k
+        flat = idx.reshape(-1)  # [M] pair p = token * k + slot
+        e_sorted, order = torch.sort(flat, stable=True)  # [M]
+        counts = torch.bincount(flat, minlength=n_experts)  # [E]
+        cap = int(counts.max()) if M else 0
+        cap = max(PAD_MULTIPLE, -(-cap // PAD_MULTIPLE) * PAD_MULTIPLE)
+        starts = torch.cumsum(counts, 0) - counts
+        prow = e_sorted * cap + (torch.arange(M, device=idx.device) - starts[e_sorted])  # [M] sorted pairs
+        self.row_of_pair = torch.empty_like(prow).scatter_(0, order, prow)  # [M] padded row of pair p
+        self.pair_of_row = torch.full((n_experts * cap,), M, dtype=torch.long, device=idx.device)
+        self.pair_of_row[prow] = order  # [E*C] pair in each padded row (M = padding)
+        self.tok_of_row = torch.where(self.pair_of_row < M, self.pair_of_row // k, N)  # [E*C] (N = pad)
+        self.N, self.k, self.E, self.cap, self.counts = N, k, n_experts, cap, counts
+        self.order = order
+
+    @property
+    def padded_rows(self) -> int:
+        return self.E * self.cap
 
 
-def padded_rows(e_sorted: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Row of each sorted pair in the ``[E * C]`` padded layout, and the capacity ``C``."""
-    cap = int(counts.max()) if counts.numel() else 0
-    cap = max(PAD_MULTIPLE, -(-cap // PAD_MULTIPLE) * PAD_MULTIPLE)
-    starts = torch.cumsum(counts, 0) - counts  # [E]
-    pos = torch.arange(e_sorted.numel(), device=e_sorted.device) - starts[e_sorted]
-    return e_sorted * cap + pos, cap
+def _gather_padded(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``cat([src, 0]).index_select(index)``: rows of ``src`` with index ``len(src)`` reading zeros."""
+    ext = torch.cat([src, src.new_zeros(1, src.shape[1])])
+    return ext.index_select(0, index)
 
 
 class _PaddedExperts(torch.autograd.Function):
-    """``y[j] = GLU_e(x[j])`` for rows already sorted by expert, via padded ``bmm``; hand-written backward."""
+    """``Y[p] = GLU_{e(p)}(z[token(p)])`` for every pair ``p`` via padded ``bmm``; hand-written backward."""
 
     @staticmethod
-    def forward(ctx, xs, w_in, w_out, rows, cap, glu):  # noqa: ANN001
-        # xs [M, l] sorted rows; w_in [E, l, 2f]; w_out [E, f, l]; rows [M] padded row index
+    def forward(ctx, z, w_in, w_out, lay, glu):  # noqa: ANN001
+        # z [N, l]; w_in [E, l, 2f]; w_out [E, f, l] -> Y [N*k, l] in pair order
         E, l, _ = w_in.shape
-        xp = xs.new_zeros(E * cap, l)
-        xp.index_copy_(0, rows, xs)
-        xp = xp.view(E, cap, l)  # [E, C, l]
+        xp = _gather_padded(z, lay.tok_of_row).view(E, lay.cap, l)  # [E, C, l]
         h = torch.bmm(xp, w_in)  # [E, C, 2f]
         a = glu_act(h, glu)  # [E, C, f]
         yp = torch.bmm(a, w_out)  # [E, C, l]
-        ctx.save_for_backward(xp, h, w_in, w_out, rows)
-        ctx.glu = glu
-        return yp.view(E * cap, l).index_select(0, rows)  # [M, l]
+        ctx.save_for_backward(xp, h, a, w_in, w_out)
+        ctx.lay, ctx.glu = lay, glu
+        return yp.view(E * lay.cap, l).index_select(0, lay.row_of_pair)
 
     @staticmethod
-    def backward(ctx, dy):  # noqa: ANN001
-        xp, h, w_in, w_out, rows = ctx.saved_tensors
+    def backward(ctx, dY):  # noqa: ANN001
+        xp, h, a, w_in, w_out = ctx.saved_tensors
+        lay = ctx.lay
         E, cap, l = xp.shape
-        dyp = dy.new_zeros(E * cap, l)
-        dyp.index_copy_(0, rows, dy.contiguous())
-        dyp = dyp.view(E, cap, l)  # [E, C, l]
-        a = glu_act(h, ctx.glu)  # recomputed: cheaper than keeping it
+        dyp = _gather_padded(dY.contiguous(), lay.pair_of_row).view(E, cap, l)  # [E, C, l], pads 0
         dw_out = torch.bmm(a.transpose(1, 2), dyp)  # [E, f, l]
         da = torch.bmm(dyp, w_out.transpose(1, 2))  # [E, C, f]
         dh = _glu_act_bwd(h, da, ctx.glu)  # [E, C, 2f]
         dw_in = torch.bmm(xp.transpose(1, 2), dh)  # [E, l, 2f]
         dxp = torch.bmm(dh, w_in.transpose(1, 2))  # [E, C, l]
-        dxs = dxp.view(E * cap, l).index_select(0, rows)
-        return dxs, dw_in, dw_out, None, None, None
+        dz = dxp.view(E * cap, l).index_select(0, lay.row_of_pair).view(lay.N, lay.k, l).sum(1)
+        return dz, dw_in, dw_out, None, None
 
 
 def _grouped_experts(xs, w_in, w_out, counts, glu):  # noqa: ANN001
@@ -183,18 +192,15 @@ def dispatch_experts(
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     N, k = idx.shape
-    E = w_in.shape[0]
-    order, e_sorted, counts = sort_by_expert(idx, E)
-    tok = order // k  # [M] token of each sorted pair
-    xs = z.index_select(0, tok)  # [M, l]
+    lay = Layout(idx, w_in.shape[0])
     if impl == "bmm":
-        rows, cap = padded_rows(e_sorted, counts)
-        ys = _PaddedExperts.apply(xs, w_in, w_out, rows, cap, glu)  # [M, l]
+        Y = _PaddedExperts.apply(z, w_in, w_out, lay, glu)  # [N*k, l] pair order
     else:
-        ys = _grouped_experts(xs, w_in, w_out, counts, glu)
-    ws = weights.reshape(-1).index_select(0, order).to(ys.dtype)  # [M]
-    out = z.new_zeros(N, z.shape[1])
-    return out.index_add(0, tok, ys * ws[:, None])
+        tok = lay.order // k
+        ys = _grouped_experts(z.index_select(0, tok), w_in, w_out, lay.counts, glu)  # sorted order
+        Y = torch.empty_like(ys).index_copy(0, lay.order, ys)
+    # combine: out[n] = Σ_j w[n, j] Y[n, j]
+    return torch.bmm(weights.to(Y.dtype).unsqueeze(1), Y.view(N, k, -1)).squeeze(1)  # [N, l]
 
 
 def dense_reference(

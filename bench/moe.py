@@ -1,0 +1,165 @@
+"""MoE layer benchmark: longmoe's ``MoELayer`` against transformers' DeepSeek-V3 MoE block, same shapes.
+
+Both run the same routed experts (sigmoid router, top-k, renormalised weights, SwiGLU experts of width
+``f``, one shared expert) on the same tokens with the *same weights* (ours are copied into the peer, so
+the outputs are checked equal before anything is timed). Peers: transformers' default experts
+implementation (a Python loop over the experts hit) and its ``grouped_mm`` one (``torch._grouped_mm``),
+chosen through ``config._experts_implementation``.
+
+FLOPs are the useful work only (router, latent projections, k routed experts per token, shared expert;
+padding not counted); fwd+bwd counts 3× the forward. The roofline is this machine's ``torch.mm``
+throughput measured in the same run. The default transformers loop allocates a full-size gradient per
+expert hit in backward (minutes at E = 896), so its fwd+bwd is only timed for E ≤ 64.
+
+    python bench/moe.py            # E in {8, 64, 256, 896}, fp32 and bf16, plus α = 4
+    python bench/moe.py --quick    # E in {8, 64}, 512 tokens, fp32 (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import gemm_roofline, markdown_table, timeit, write_results  # noqa: E402
+from longmoe.config import FFNConfig  # noqa: E402
+from longmoe.layers.moe import MoELayer  # noqa: E402
+
+D, F_HID, K, SHARED = 512, 128, 8, 128
+DEFAULT_LOOP_MAX_E = 64  # transformers' loop backward is minutes beyond this
+
+
+def moe_flops(n_tokens: int, d: int, cfg: FFNConfig) -> float:
+    """Useful forward FLOPs of one MoE layer call (2 per multiply-add)."""
+    l = cfg.latent_dim(d)
+    f = 2 * n_tokens * d * cfg.n_experts  # router
+    f += 2 * n_tokens * 2 * d * l if cfg.latent_ratio > 1 else 0
+    f += 2 * n_tokens * cfg.top_k * 3 * l * cfg.expert_hidden
+    f += 2 * n_tokens * cfg.n_shared * 3 * d * cfg.shared_hidden
+    return float(f)
+
+
+def make_peer(layer: MoELayer, impl: str):
+    """transformers' DeepseekV3MoE with our layer's weights (α = 1 only), or None if unavailable."""
+    try:
+        from transformers import DeepseekV3Config
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+    except ImportError:
+        return None
+    cfg = layer.cfg
+    c = DeepseekV3Config(
+        hidden_size=layer.d_model, moe_intermediate_size=cfg.expert_hidden, n_routed_experts=cfg.n_experts,
+        num_experts_per_tok=cfg.top_k, n_shared_experts=cfg.n_shared, n_group=1, topk_group=1,
+        norm_topk_prob=True, routed_scaling_factor=cfg.routed_scale, hidden_act="silu",
+    )
+    c._experts_implementation = impl
+    peer = DeepseekV3MoE(c)
+    f = cfg.expert_hidden
+    with torch.no_grad():
+        peer.gate.weight.copy_(layer.router.weight)
+        peer.experts.gate_up_proj.copy_(layer.w_in.transpose(1, 2))  # [E, 2f, d]
+        peer.experts.down_proj.copy_(layer.w_out.transpose(1, 2))  # [E, d, f]
+        w = layer.shared.w_in.weight
+        peer.shared_experts.gate_proj.weight.copy_(w[: cfg.n_shared * f])
+        peer.shared_experts.up_proj.weight.copy_(w[cfg.n_shared * f :])
+        peer.shared_experts.down_proj.weight.copy_(layer.shared.w_out.weight)
+    return peer
+
+
+def time_module(mod, x: torch.Tensor, backward: bool, iters: int) -> float:
+    if not backward:
+        with torch.no_grad():
+            return timeit(lambda: mod(x), warmup=1, iters=iters)
+    xg = x.detach().clone().requires_grad_()
+
+    def step():
+        mod.zero_grad(set_to_none=True)
+        mod(xg).float().sum().backward()
+
+    return timeit(step, warmup=1, iters=iters)
+
+
+def run_case(E: int, n_tokens: int, dtype: torch.dtype, alpha: int, roof: float, iters: int, peers: bool):
+    cfg = FFNConfig(kind="moe", n_experts=E, top_k=K, n_shared=1, latent_ratio=alpha, expert_hidden=F_HID,
+                    shared_hidden=SHARED)
+    torch.manual_seed(0)
+    layer = MoELayer(D, cfg)  # N(0, 0.02) router and experts: non-degenerate routing
+    x = torch.randn(n_tokens, D)
+    flops = moe_flops(n_tokens, D, cfg)
+    rows = []
+    impls = {"longmoe": layer}
+    if peers and alpha == 1:
+        for impl in ("eager", "grouped_mm"):
+            peer = make_peer(layer, impl)
+            if peer is not None:
+                impls[f"transformers {impl}"] = peer
+    ref = None
+    for name, mod in impls.items():
+        mod = mod.to(dtype)
+        xd = x.to(dtype)
+        with torch.no_grad():
+            try:
+                out = mod(xd.unsqueeze(0)).squeeze(0).float()
+            except Exception as e:  # noqa: BLE001 - a peer that cannot run this dtype is reported, not fatal
+                rows.append([E, str(dtype).split(".")[1], alpha, name, f"error: {type(e).__name__}", "", "", ""])
+                continue
+        err = 0.0 if ref is None else float((out - ref).abs().max() / ref.abs().max())
+        ref = out if ref is None else ref
+        tf = time_module(mod, xd, False, iters)
+        skip_bwd = name == "transformers eager" and E > DEFAULT_LOOP_MAX_E
+        tb = float("nan") if skip_bwd else time_module(mod, xd, True, iters)
+        rows.append([E, str(dtype).split(".")[1], alpha, name, tf, flops / tf / roof, tb, 3 * flops / tb / roof,
+                     err])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="E in {8, 64}, 512 tokens, fp32 only")
+    p.add_argument("--iters", type=int, default=3, help="timed repetitions per measurement (median)")
+    args = p.parse_args(argv)
+    warnings.simplefilter("ignore")
+    n_tokens = 512 if args.quick else 4096
+    Es = [8, 64] if args.quick else [8, 64, 256, 896]
+    dtypes = [torch.float32] if args.quick else [torch.float32, torch.bfloat16]
+    results, table = [], []
+    roofs = {}
+    for dtype in dtypes:
+        roofs[str(dtype)] = roof = gemm_roofline(dtype)
+        for E in Es:
+            table += run_case(E, n_tokens, dtype, 1, roof, args.iters, True)
+        if not args.quick:
+            table += run_case(896, n_tokens, dtype, 4, roof, args.iters, False)
+    header = ["E", "dtype", "α", "impl", "fwd s", "fwd/roof", "fwd+bwd s", "fwd+bwd/roof", "max rel err"]
+    # ratios against the peers and against E = 8, same dtype/α
+    by = {(r[0], r[1], r[2], r[3]): r for r in table if not isinstance(r[4], str)}
+    for r in table:
+        if isinstance(r[4], str):
+            continue
+        results.append(dict(zip(header, r)))
+    ratio_rows = []
+    for (E, dt, a, name), r in by.items():
+        if name != "longmoe":
+            continue
+        g = by.get((E, dt, a, "transformers grouped_mm"))
+        base = by.get((8, dt, 1, "longmoe"))
+        ratio_rows.append([E, dt, a, f"{g[4] / r[4]:.2f}×" if g else "-", f"{g[6] / r[6]:.2f}×" if g else "-",
+                           f"{r[4] / base[4]:.2f}" if base else "-", f"{r[6] / base[6]:.2f}" if base else "-"])
+    md = (f"MoE layer, {n_tokens} tokens, d = {D}, f = {F_HID}, k = {K}, 1 shared expert; roofline = torch.mm "
+          + ", ".join(f"{k.split('.')[1]} {v / 1e9:.0f} GFLOP/s" for k, v in roofs.items())
+          + " (shared machine)\n\n" + markdown_table(header, table)
+          + "\n\nlongmoe speed-up over transformers grouped_mm, and time relative to E = 8:\n\n"
+          + markdown_table(["E", "dtype", "α", "fwd speed-up", "fwd+bwd speed-up", "fwd time / E=8",
+                            "fwd+bwd time / E=8"], ratio_rows))
+    write_results("moe_quick" if args.quick else "moe", {"roofline_flops": roofs, "rows": results}, md,
+                  update_readme=not args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
