@@ -5,15 +5,18 @@ the *unbiased* ones; ``dispatch_experts`` runs the selected GLU experts for ever
 with no Python loop over experts and no dropped tokens. ``dense_reference`` runs every expert on every
 token and masks: slow, obviously correct, the oracle the tests compare against.
 
-Dispatch layout ("padded bmm"). Pairs are sorted by expert (stable, so ties keep token order) and each
-expert's group is written into its own row block of a zero-padded ``[E, C, ℓ]`` tensor, ``C`` = the
-largest group rounded up to ``PAD_MULTIPLE``. Two ``torch.bmm`` calls then run every expert at once;
-padded rows are zero and cost FLOPs but never change a result. On CPU a ``bmm`` of this shape runs ~3×
-faster than ``torch._grouped_mm`` at ~40 rows per expert (see docs/moe.md), which pays for the padding.
-``impl="grouped_mm"`` uses ``torch._grouped_mm`` on the unpadded sorted rows instead.
+Dispatch layout ("tiered padded bmm", ``Layout``). Pairs are sorted by expert (stable) and written into
+zero-padded expert-major row blocks by one gather. Tier 1 gives every expert ``C1`` rows and runs as
+``torch.bmm`` over the weights as stored; the few experts with more pairs continue in later tiers over
+only those experts (their weights gathered). Tier sizes come from a tiny dynamic programme on the
+counts, so padding stays small even when the load is skewed, and the number of GEMM calls is the number
+of tiers (≤ ``MAX_TIERS``), never the number of experts. Padded rows are zero: they cost FLOPs but
+never change a result. On CPU a ``bmm`` at ~40 rows per expert runs ~3× faster than
+``torch._grouped_mm`` (see docs/moe.md), which pays for the padding; ``impl="grouped_mm"`` uses
+``torch._grouped_mm`` on the unpadded sorted rows instead.
 
-The autograd ``Function`` below writes the backward by hand with the same padded ``bmm`` layout, so
-gradients cost three more ``bmm`` pairs and no per-expert full-size buffers.
+The autograd ``Function`` writes the backward by hand in the same layout: per tier three more ``bmm``
+pairs, gathered-expert gradients added in place, and no per-expert full-size buffers.
 """
 
 from __future__ import annotations
@@ -100,35 +103,86 @@ def _glu_act_bwd(h: torch.Tensor, da: torch.Tensor, glu: str) -> torch.Tensor:
 
 
 class Layout:
-    """Where every (token, slot) pair lives in the zero-padded ``[E, C, ℓ]`` expert-major layout.
+    """Where every (token, slot) pair lives in the zero-padded, expert-major row layout of the bmm tiers.
 
-    Pairs are sorted by expert (stable: within an expert, in token order), expert ``e``'s group fills rows
-    ``[e·C, e·C + count_e)``; ``C`` is the largest group rounded up to ``PAD_MULTIPLE``. Padding rows point
-    at a sentinel (index ``N`` for tokens, ``N·k`` for pairs) that selects an appended zero row, so the
-    padded tensors are built by one gather with no separate zero fill.
+    Pairs are sorted by expert (stable: within an expert, in token order). Tier 1 gives *every* expert
+    ``C1`` rows (``[E, C1, ℓ]``, a strided view of the weights, nothing copied); an expert with more than
+    ``C1`` pairs puts the rest in tier 2, ``[S, C2, ℓ]`` over only the ``S`` overflowing experts, whose
+    weights are gathered. ``C1`` minimises padded rows plus ``GATHER_ROWS`` per gathered expert; with
+    near-uniform loads tier 2 is empty. Padding rows point at a sentinel (``N`` for tokens, ``N·k`` for
+    pairs) that reads an appended zero row, so padded tensors are built by one gather and no zero fill.
     """
 
     def __init__(self, idx: torch.Tensor, n_experts: int) -> None:
         # idx [N, k] long
         N, k = idx.shape
-        M = N * k
+        M, E, dev = N * k, n_experts, idx.device
         flat = idx.reshape(-1)  # [M] pair p = token * k + slot
         e_sorted, order = torch.sort(flat, stable=True)  # [M]
-        counts = torch.bincount(flat, minlength=n_experts)  # [E]
-        cap = int(counts.max()) if M else 0
-        cap = max(PAD_MULTIPLE, -(-cap // PAD_MULTIPLE) * PAD_MULTIPLE)
+        counts = torch.bincount(flat, minlength=E)  # [E]
+        bounds = choose_tiers(counts)  # [0, T1, ..., Tm]: tier t holds ranks [T_t, T_{t+1})
         starts = torch.cumsum(counts, 0) - counts
-        prow = e_sorted * cap + (torch.arange(M, device=idx.device) - starts[e_sorted])  # [M] sorted pairs
+        pos = torch.arange(M, device=dev) - starts[e_sorted]  # [M] rank of the pair within its expert
+        self.tiers: list[tuple[torch.Tensor | None, int, int]] = []  # (experts or None = all, cap, row0)
+        prow = torch.empty_like(pos)
+        row0 = 0
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            cap = hi - lo
+            if lo == 0:
+                experts, slot_of_pair, n = None, e_sorted, E
+            else:
+                experts = (counts > lo).nonzero().squeeze(1)  # [S] experts that reach this tier
+                slot = torch.zeros(E, dtype=torch.long, device=dev)
+                slot[experts] = torch.arange(experts.numel(), device=dev)
+                slot_of_pair, n = slot[e_sorted], experts.numel()
+            here = (pos >= lo) & (pos < hi)
+            prow = torch.where(here, row0 + slot_of_pair * cap + (pos - lo), prow)
+            self.tiers.append((experts, cap, row0))
+            row0 += n * cap
         self.row_of_pair = torch.empty_like(prow).scatter_(0, order, prow)  # [M] padded row of pair p
-        self.pair_of_row = torch.full((n_experts * cap,), M, dtype=torch.long, device=idx.device)
-        self.pair_of_row[prow] = order  # [E*C] pair in each padded row (M = padding)
-        self.tok_of_row = torch.where(self.pair_of_row < M, self.pair_of_row // k, N)  # [E*C] (N = pad)
-        self.N, self.k, self.E, self.cap, self.counts = N, k, n_experts, cap, counts
-        self.order = order
+        self.pair_of_row = torch.full((row0,), M, dtype=torch.long, device=dev)
+        self.pair_of_row[prow] = order  # [R] pair held by each padded row (M = padding)
+        self.tok_of_row = torch.where(self.pair_of_row < M, self.pair_of_row // k, N)  # [R] (N = pad)
+        self.N, self.k, self.E, self.rows, self.counts, self.order = N, k, E, row0, counts, order
 
-    @property
-    def padded_rows(self) -> int:
-        return self.E * self.cap
+
+GATHER_ROWS = 32  # cost of one gathered expert in a tier > 1 (weight copy + grad add), in padded rows
+MAX_TIERS = 4
+
+
+def _round_up(n: int) -> int:
+    return max(PAD_MULTIPLE, -(-n // PAD_MULTIPLE) * PAD_MULTIPLE)
+
+
+def choose_tiers(counts: torch.Tensor) -> list[int]:
+    """Tier boundaries ``[0, T1, …, Tm]`` (multiples of ``PAD_MULTIPLE``, ``Tm ≥ max count``).
+
+    A small dynamic programme over the boundaries minimising padded rows ``Σ_t n_t·(T_{t+1} − T_t)``
+    plus ``GATHER_ROWS`` per expert in tiers after the first (``n_t`` = experts with more than ``T_t``
+    pairs; the first tier holds all ``E``). At most ``MAX_TIERS`` tiers.
+    """
+    E = counts.numel()
+    top = _round_up(int(counts.max()) if E else 0)
+    grid = list(range(0, top + 1, PAD_MULTIPLE))
+    c = torch.sort(counts).values
+    n_above = [E] + [int(E - torch.searchsorted(c, t, right=True)) for t in grid[1:]]
+    inf = float("inf")
+    best = [[inf] * (MAX_TIERS + 1) for _ in grid]  # best[j][m]: ranks [0, grid[j]) in m tiers
+    back = [[0] * (MAX_TIERS + 1) for _ in grid]
+    best[0][0] = 0.0
+    for j in range(1, len(grid)):
+        for i in range(j):
+            step = n_above[i] * (grid[j] - grid[i]) + (GATHER_ROWS * n_above[i] if i else 0)
+            for m in range(MAX_TIERS):
+                if best[i][m] + step < best[j][m + 1]:
+                    best[j][m + 1], back[j][m + 1] = best[i][m] + step, i
+    j = len(grid) - 1
+    m = min(range(1, MAX_TIERS + 1), key=lambda mm: best[j][mm])
+    out = [grid[j]]
+    while j:
+        j, m = back[j][m], m - 1
+        out.append(grid[j])
+    return out[::-1]
 
 
 def _gather_padded(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -137,33 +191,56 @@ def _gather_padded(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return ext.index_select(0, index)
 
 
+def _tier_weights(w: torch.Tensor, experts: torch.Tensor | None) -> torch.Tensor:
+    return w if experts is None else w.index_select(0, experts)
+
+
 class _PaddedExperts(torch.autograd.Function):
-    """``Y[p] = GLU_{e(p)}(z[token(p)])`` for every pair ``p`` via padded ``bmm``; hand-written backward."""
+    """``Y[p] = GLU_{e(p)}(z[token(p)])`` for every pair ``p`` via tiered padded ``bmm``; manual backward."""
 
     @staticmethod
     def forward(ctx, z, w_in, w_out, lay, glu):  # noqa: ANN001
         # z [N, l]; w_in [E, l, 2f]; w_out [E, f, l] -> Y [N*k, l] in pair order
-        E, l, _ = w_in.shape
-        xp = _gather_padded(z, lay.tok_of_row).view(E, lay.cap, l)  # [E, C, l]
-        h = torch.bmm(xp, w_in)  # [E, C, 2f]
-        a = glu_act(h, glu)  # [E, C, f]
-        yp = torch.bmm(a, w_out)  # [E, C, l]
-        ctx.save_for_backward(xp, h, a, w_in, w_out)
-        ctx.lay, ctx.glu = lay, glu
-        return yp.view(E * lay.cap, l).index_select(0, lay.row_of_pair)
+        l = z.shape[1]
+        xp = _gather_padded(z, lay.tok_of_row)  # [R, l]
+        yp = torch.empty_like(xp)
+        saved = []
+        for experts, cap, row0 in lay.tiers:
+            wi, wo = _tier_weights(w_in, experts), _tier_weights(w_out, experts)
+            n = wi.shape[0]
+            x = xp[row0 : row0 + n * cap].view(n, cap, l)  # [n, C, l]
+            h = torch.bmm(x, wi)  # [n, C, 2f]
+            a = glu_act(h, glu)  # [n, C, f]
+            torch.bmm(a, wo, out=yp[row0 : row0 + n * cap].view(n, cap, l))
+            saved += [h, a, wi, wo]
+        ctx.save_for_backward(xp, *saved)
+        ctx.lay, ctx.glu, ctx.shapes = lay, glu, (w_in.shape, w_out.shape)
+        return yp.index_select(0, lay.row_of_pair)
 
     @staticmethod
     def backward(ctx, dY):  # noqa: ANN001
-        xp, h, a, w_in, w_out = ctx.saved_tensors
+        xp, *saved = ctx.saved_tensors
         lay = ctx.lay
-        E, cap, l = xp.shape
-        dyp = _gather_padded(dY.contiguous(), lay.pair_of_row).view(E, cap, l)  # [E, C, l], pads 0
-        dw_out = torch.bmm(a.transpose(1, 2), dyp)  # [E, f, l]
-        da = torch.bmm(dyp, w_out.transpose(1, 2))  # [E, C, f]
-        dh = _glu_act_bwd(h, da, ctx.glu)  # [E, C, 2f]
-        dw_in = torch.bmm(xp.transpose(1, 2), dh)  # [E, l, 2f]
-        dxp = torch.bmm(dh, w_in.transpose(1, 2))  # [E, C, l]
-        dz = dxp.view(E * cap, l).index_select(0, lay.row_of_pair).view(lay.N, lay.k, l).sum(1)
+        l = xp.shape[1]
+        dyp = _gather_padded(dY.contiguous(), lay.pair_of_row)  # [R, l], pads 0
+        dxp = torch.empty_like(dyp)
+        dw_in = dw_out = None
+        for t, (experts, cap, row0) in enumerate(lay.tiers):
+            h, a, wi, wo = saved[4 * t : 4 * t + 4]
+            n = wi.shape[0]
+            x = xp[row0 : row0 + n * cap].view(n, cap, l)
+            dy = dyp[row0 : row0 + n * cap].view(n, cap, l)
+            gwo = torch.bmm(a.transpose(1, 2), dy)  # [n, f, l]
+            da = torch.bmm(dy, wo.transpose(1, 2))  # [n, C, f]
+            dh = _glu_act_bwd(h, da, ctx.glu)  # [n, C, 2f]
+            gwi = torch.bmm(x.transpose(1, 2), dh)  # [n, l, 2f]
+            torch.bmm(dh, wi.transpose(1, 2), out=dxp[row0 : row0 + n * cap].view(n, cap, l))
+            if experts is None:
+                dw_in, dw_out = gwi, gwo
+            else:
+                dw_in.index_add_(0, experts, gwi)  # in place: the full [E, ...] grad is large
+                dw_out.index_add_(0, experts, gwo)
+        dz = dxp.index_select(0, lay.row_of_pair).view(lay.N, lay.k, l).sum(1)
         return dz, dw_in, dw_out, None, None
 
 

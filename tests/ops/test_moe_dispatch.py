@@ -7,7 +7,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longmoe.ops.moe_dispatch import dense_reference, dispatch_experts, route, topk_lowest_index
+from longmoe.ops.moe_dispatch import (
+    MAX_TIERS,
+    PAD_MULTIPLE,
+    Layout,
+    choose_tiers,
+    dense_reference,
+    dispatch_experts,
+    route,
+    topk_lowest_index,
+)
 
 
 def _problem(N, E, k, l, f, seed, dtype=torch.float32):
@@ -98,3 +107,32 @@ def test_dispatch_rejects_unknown_impl():
     z, idx, w, w_in, w_out = _problem(N=4, E=2, k=1, l=4, f=2, seed=0)
     with pytest.raises(ValueError, match="impl: expected one of"):
         dispatch_experts(z, idx, w, w_in, w_out, impl="loop")
+
+
+def test_tiered_layout_with_one_hot_expert_matches_reference_with_gradients():
+    """One expert far more loaded than the rest forces extra bmm tiers over gathered weights; results and
+    gradients still equal the reference, and every pair has its own padded row."""
+    N, E, k = 200, 40, 2
+    z, _, w, w_in, w_out = _problem(N=N, E=E, k=k, l=8, f=4, seed=5)
+    g = torch.Generator().manual_seed(5)
+    idx = torch.stack([torch.zeros(N, dtype=torch.long), torch.randint(1, E, (N,), generator=g)], 1)
+    lay = Layout(idx, E)
+    assert len(lay.tiers) > 1 and lay.rows < E * 200  # cheaper than padding everyone to the max
+    assert lay.row_of_pair.unique().numel() == N * k
+    ins = [t.clone().requires_grad_() for t in (z, w, w_in, w_out)]
+    ref = [t.clone().requires_grad_() for t in (z, w, w_in, w_out)]
+    out = dispatch_experts(ins[0], idx, *ins[1:])
+    exp = dense_reference(ref[0], idx, *ref[1:])
+    torch.testing.assert_close(out, exp, atol=1e-5, rtol=1e-5)
+    dy = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, ins, dy), torch.autograd.grad(exp, ref, dy)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=64))
+def test_choose_tiers_covers_the_largest_group(counts):
+    """Tier boundaries start at 0, increase in PAD_MULTIPLE steps, and reach the largest group."""
+    b = choose_tiers(torch.tensor(counts))
+    assert b[0] == 0 and b[-1] >= max(counts) and all(x < y for x, y in zip(b, b[1:]))
+    assert all(x % PAD_MULTIPLE == 0 for x in b) and len(b) - 1 <= MAX_TIERS
