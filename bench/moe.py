@@ -53,9 +53,16 @@ def make_peer(layer: MoELayer, impl: str):
         return None
     cfg = layer.cfg
     c = DeepseekV3Config(
-        hidden_size=layer.d_model, moe_intermediate_size=cfg.expert_hidden, n_routed_experts=cfg.n_experts,
-        num_experts_per_tok=cfg.top_k, n_shared_experts=cfg.n_shared, n_group=1, topk_group=1,
-        norm_topk_prob=True, routed_scaling_factor=cfg.routed_scale, hidden_act="silu",
+        hidden_size=layer.d_model,
+        moe_intermediate_size=cfg.expert_hidden,
+        n_routed_experts=cfg.n_experts,
+        num_experts_per_tok=cfg.top_k,
+        n_shared_experts=cfg.n_shared,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=cfg.routed_scale,
+        hidden_act="silu",
     )
     c._experts_implementation = impl
     peer = DeepseekV3MoE(c)
@@ -85,8 +92,15 @@ def time_module(mod, x: torch.Tensor, backward: bool, iters: int) -> float:
 
 
 def run_case(E: int, n_tokens: int, dtype: torch.dtype, alpha: int, roof: float, iters: int, peers: bool):
-    cfg = FFNConfig(kind="moe", n_experts=E, top_k=K, n_shared=1, latent_ratio=alpha, expert_hidden=F_HID,
-                    shared_hidden=SHARED)
+    cfg = FFNConfig(
+        kind="moe",
+        n_experts=E,
+        top_k=K,
+        n_shared=1,
+        latent_ratio=alpha,
+        expert_hidden=F_HID,
+        shared_hidden=SHARED,
+    )
     torch.manual_seed(0)
     layer = MoELayer(D, cfg)  # N(0, 0.02) router and experts: non-degenerate routing
     x = torch.randn(n_tokens, D)
@@ -106,15 +120,18 @@ def run_case(E: int, n_tokens: int, dtype: torch.dtype, alpha: int, roof: float,
             try:
                 out = mod(xd.unsqueeze(0)).squeeze(0).float()
             except Exception as e:  # noqa: BLE001 - a peer that cannot run this dtype is reported, not fatal
-                rows.append([E, str(dtype).split(".")[1], alpha, name, f"error: {type(e).__name__}", "", "", ""])
+                rows.append(
+                    [E, str(dtype).split(".")[1], alpha, name, f"error: {type(e).__name__}", "", "", ""]
+                )
                 continue
         err = 0.0 if ref is None else float((out - ref).abs().max() / ref.abs().max())
         ref = out if ref is None else ref
         tf = time_module(mod, xd, False, iters)
         skip_bwd = name == "transformers eager" and E > DEFAULT_LOOP_MAX_E
         tb = float("nan") if skip_bwd else time_module(mod, xd, True, iters)
-        rows.append([E, str(dtype).split(".")[1], alpha, name, tf, flops / tf / roof, tb, 3 * flops / tb / roof,
-                     err])
+        rows.append(
+            [E, str(dtype).split(".")[1], alpha, name, tf, flops / tf / roof, tb, 3 * flops / tb / roof, err]
+        )
     return rows
 
 
@@ -148,16 +165,34 @@ def main(argv: list[str] | None = None) -> int:
             continue
         g = by.get((E, dt, a, "transformers grouped_mm"))
         base = by.get((8, dt, 1, "longmoe"))
-        ratio_rows.append([E, dt, a, f"{g[4] / r[4]:.2f}×" if g else "-", f"{g[6] / r[6]:.2f}×" if g else "-",
-                           f"{r[4] / base[4]:.2f}" if base else "-", f"{r[6] / base[6]:.2f}" if base else "-"])
-    md = (f"MoE layer, {n_tokens} tokens, d = {D}, f = {F_HID}, k = {K}, 1 shared expert; roofline = torch.mm "
-          + ", ".join(f"{k.split('.')[1]} {v / 1e9:.0f} GFLOP/s" for k, v in roofs.items())
-          + " (shared machine)\n\n" + markdown_table(header, table)
-          + "\n\nlongmoe speed-up over transformers grouped_mm, and time relative to E = 8:\n\n"
-          + markdown_table(["E", "dtype", "α", "fwd speed-up", "fwd+bwd speed-up", "fwd time / E=8",
-                            "fwd+bwd time / E=8"], ratio_rows))
-    write_results("moe_quick" if args.quick else "moe", {"roofline_flops": roofs, "rows": results}, md,
-                  update_readme=not args.quick)
+        ratio_rows.append(
+            [
+                E,
+                dt,
+                a,
+                f"{g[4] / r[4]:.2f}×" if g else "-",
+                f"{g[6] / r[6]:.2f}×" if g else "-",
+                f"{r[4] / base[4]:.2f}" if base else "-",
+                f"{r[6] / base[6]:.2f}" if base else "-",
+            ]
+        )
+    md = (
+        f"MoE layer, {n_tokens} tokens, d = {D}, f = {F_HID}, k = {K}, 1 shared expert; roofline = torch.mm "
+        + ", ".join(f"{k.split('.')[1]} {v / 1e9:.0f} GFLOP/s" for k, v in roofs.items())
+        + " (shared machine)\n\n"
+        + markdown_table(header, table)
+        + "\n\nlongmoe speed-up over transformers grouped_mm, and time relative to E = 8:\n\n"
+        + markdown_table(
+            ["E", "dtype", "α", "fwd speed-up", "fwd+bwd speed-up", "fwd time / E=8", "fwd+bwd time / E=8"],
+            ratio_rows,
+        )
+    )
+    write_results(
+        "moe_quick" if args.quick else "moe",
+        {"roofline_flops": roofs, "rows": results},
+        md,
+        update_readme=not args.quick,
+    )
     return 0
 
 

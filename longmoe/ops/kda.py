@@ -326,13 +326,16 @@ def _scan_autograd(w, u, d_last, k_dec_t, init, resets, ends):
     zero = w.new_zeros(G, K, u.shape[-1])
     S = zero
     s_in, deltas, out = [], [], {}
+    # unbind, not x[n]: one backward node per tensor instead of a full-size zero-filled gradient per step
+    u_, w_, dl_, kd_ = (x.unbind(0) for x in (u, w, d_last, k_dec_t))
+    init_ = None if init is None else init.unbind(0)
     for n in range(N):
         if n in resets:
-            S = zero if init is None else init[resets[n]]
-        delta = torch.baddbmm(u[n], w[n], S, alpha=-1.0)  # [G, C, V]  V' = U − W S
+            S = zero if init_ is None else init_[resets[n]]
+        delta = torch.baddbmm(u_[n], w_[n], S, alpha=-1.0)  # [G, C, V]  V' = U − W S
         s_in.append(S)
         deltas.append(delta)
-        S = torch.baddbmm(d_last[n] * S, k_dec_t[n], delta)  # [G, K, V]
+        S = torch.baddbmm(dl_[n] * S, kd_[n], delta)  # [G, K, V]
         if n in ends:
             out[n] = S
     return torch.stack(s_in), torch.stack(deltas), out
