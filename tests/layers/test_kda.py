@@ -13,8 +13,17 @@ TOL = 1e-5
 
 
 def cfg(**kw) -> ModelConfig:
-    base = dict(vocab_size=64, d_model=32, n_layers=1, layer_pattern="L", kda_heads=2, kda_head_dim=8,
-                kda_gate_rank=4, kda_conv_size=4, attn_res_blocks=1)
+    base = dict(
+        vocab_size=64,
+        d_model=32,
+        n_layers=1,
+        layer_pattern="L",
+        kda_heads=2,
+        kda_head_dim=8,
+        kda_gate_rank=4,
+        kda_conv_size=4,
+        attn_res_blocks=1,
+    )
     base.update(kw)
     return ModelConfig(**base)
 

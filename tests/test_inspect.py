@@ -1,0 +1,84 @@
+"""`longmoe inspect`: analytic counts equal real modules; flagship lands on the seeds' scale."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from longmoe.config import FFNConfig, preset
+from longmoe.inspect import cache_accounting, param_counts, report
+from longmoe.model import LongMoE
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"tie_embeddings": False},
+        {"attn_res": False},
+        {"layer_pattern": "LM"},
+        {"ffn": FFNConfig(kind="moe", n_experts=4, top_k=1, n_shared=0, latent_ratio=1, expert_hidden=32)},
+    ],
+)
+def test_counts_equal_instantiated_tiny(changes):
+    """Analytic total == the instantiated model's parameter count (tiny and variants)."""
+    cfg = preset("tiny").replace(**changes)
+    assert sum(param_counts(cfg).values()) == LongMoE(cfg).num_parameters()
+
+
+def test_tiny_dense_counts_and_active_equals_total():
+    """Without MoE every parameter is active."""
+    cfg = preset("tiny-dense")
+    r = report(cfg)
+    assert r["total_params"] == LongMoE(cfg).num_parameters() == r["active_params"]
+
+
+def test_flagship_lands_on_seed_scale():
+    """Flagship: within 5% of 2.8T total and 104B active, 896 experts, 1M context."""
+    cfg = preset("flagship")
+    r = report(cfg)
+    assert abs(r["total_params"] / 2.8e12 - 1) < 0.05
+    assert abs(r["active_params"] / 104e9 - 1) < 0.05
+    assert cfg.ffn.n_experts == 896 and cfg.max_seq_len == 1 << 20
+
+
+def test_cache_accounting_formula():
+    """Latent bytes = n_MLA·d_c·2; KDA = n_KDA·(H·K·V·4 + (W-1)·3HK·2); context totals add up."""
+    cfg = preset("tiny")
+    c = cache_accounting(cfg)
+    assert c["mla_latent_bytes_per_token"] == 2 * 32 * 2
+    assert c["kda_state_bytes_per_sequence"] == 6 * (2 * 32 * 32 * 4 + 3 * 3 * 64 * 2)
+    ctx = c["contexts"]["8K"]
+    assert ctx["hybrid_bytes"] == c["kda_state_bytes_per_sequence"] + 8192 * c["mla_latent_bytes_per_token"]
+    assert ctx["full_mha_bytes"] == 8192 * 2 * 8 * 128 * 2
+
+
+def test_real_cache_matches_accounting():
+    """A real fp32 tiny cache after n tokens: latent part grows by n·n_MLA·d_c·4 bytes."""
+    import torch
+
+    cfg = preset("tiny-dense")
+    m = LongMoE(cfg).eval()
+    cache = m.new_cache(1)
+    base = cache.nbytes()
+    with torch.no_grad():
+        m(torch.zeros(1, 10, dtype=torch.long), cache=cache)
+    assert cache.nbytes() - base == 10 * 2 * cfg.mla_kv_lora_rank * 4
+
+
+def test_cli_json_and_text(capsys, tmp_path):
+    """--json prints total_params/active_params; --config reads a file; a bad config exits 2."""
+    from longmoe.cli import main
+
+    assert main(["inspect", "--preset", "flagship", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["total_params"] == report(preset("flagship"))["total_params"] and "active_params" in d
+    assert set(d["cache"]["contexts"]) == {"8K", "128K", "1M"}
+    preset("tiny").save(tmp_path / "config.json")
+    assert main(["inspect", "--config", str(tmp_path / "config.json")]) == 0
+    out = capsys.readouterr().out
+    assert "TOTAL" in out and "MLA latent cache" in out
+    (tmp_path / "bad.json").write_text('{"d_model": -1}')
+    assert main(["inspect", "--config", str(tmp_path / "bad.json")]) == 2
+    assert "d_model" in capsys.readouterr().err
