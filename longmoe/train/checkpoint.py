@@ -1,0 +1,171 @@
+"""Atomic, self-checking training checkpoints, and finding the model directory inside a run.
+
+A checkpoint is a directory ``RUN/checkpoints/step-00000123/`` holding a loadable model directory
+(``config.json``, ``model.safetensors``, ``tokenizer.json``) plus ``trainer_state.pt`` (optimizer,
+schedule position, RNG, data position, curriculum stage, metrics; tensors and plain containers only,
+read back with ``weights_only=True``) and, written last, ``COMPLETE``: a JSON manifest with the
+SHA-256 of every file. The directory is assembled under a temporary name and renamed in one
+``os.replace``, so a process killed mid-save leaves either the previous checkpoints untouched or a
+``.tmp-*`` directory that is ignored and cleaned up. A checkpoint whose manifest or hashes do not
+match is treated as corrupt: loading falls back to the previous complete one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CKPT_DIR = "checkpoints"
+PREFIX = "step-"
+MANIFEST = "COMPLETE"
+STATE_FILE = "trainer_state.pt"
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint (or every checkpoint of a run) is missing or unreadable."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    for f in path.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    _fsync_dir(path)
+
+
+def step_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / CKPT_DIR / f"{PREFIX}{step:08d}"
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: Any,
+    tokenizer_file: str | Path,
+    state: dict[str, Any],
+    keep_last: int = 3,
+) -> Path:
+    """Write checkpoint ``step`` atomically and keep only the newest ``keep_last`` complete ones."""
+    root = Path(run_dir) / CKPT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = step_dir(run_dir, step)
+    tmp = root / f".tmp-{PREFIX}{step:08d}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
+    torch.save(state, tmp / STATE_FILE)
+    files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1) + "\n")
+    _fsync_tree(tmp)
+    if final.exists():  # re-saving a step (e.g. after a resume): replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    prune(run_dir, keep_last)
+    return final
+
+
+def is_complete(path: Path, verify_hashes: bool = True) -> bool:
+    """True when ``path`` has a manifest and every listed file exists with the recorded hash."""
+    man = path / MANIFEST
+    try:
+        files = json.loads(man.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    for name, digest in files.items():
+        f = path / name
+        if not f.is_file() or (verify_hashes and _sha256(f) != digest):
+            return False
+    return all(n in files for n in (*MODEL_FILES, STATE_FILE))
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Checkpoint directories of a run (complete or not), oldest first; temporary ones excluded."""
+    root = Path(run_dir) / CKPT_DIR
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit():
+            out.append(p)
+    return sorted(out, key=lambda p: int(p.name[len(PREFIX) :]))
+
+
+def prune(run_dir: str | Path, keep_last: int) -> None:
+    """Delete stale temporaries and all but the newest ``keep_last`` complete checkpoints."""
+    root = Path(run_dir) / CKPT_DIR
+    for p in root.glob(f".tmp-{PREFIX}*"):
+        if not p.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(p, ignore_errors=True)
+    complete = [p for p in list_checkpoints(run_dir) if is_complete(p, verify_hashes=False)]
+    for p in complete[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def load_latest(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that verifies and loads: ``(dir, trainer_state)``; None if there is none.
+
+    Corrupt or half-written checkpoints are skipped with a warning (falling back to older ones).
+    """
+    for p in reversed(list_checkpoints(run_dir)):
+        if not is_complete(p):
+            log.warning("checkpoint %s is incomplete or corrupt (manifest/hash mismatch); skipping it", p)
+            continue
+        try:
+            state = torch.load(p / STATE_FILE, map_location="cpu", weights_only=True)
+        except Exception as e:  # unreadable despite matching hashes: treat as corrupt
+            log.warning("checkpoint %s: %s is unreadable (%s); skipping it", p, STATE_FILE, e)
+            continue
+        return p, state
+    return None
+
+
+def is_model_dir(path: Path) -> bool:
+    return path.is_dir() and all((path / f).is_file() for f in MODEL_FILES)
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """A model directory from ``path``: the path itself, else ``RUN/final``, else the newest complete
+    checkpoint of the run. Raises ``FileNotFoundError`` saying what was looked for."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"model path not found: {p}")
+    if is_model_dir(p):
+        return p
+    if is_model_dir(p / "final"):
+        return p / "final"
+    for c in reversed(list_checkpoints(p)):
+        if is_complete(c, verify_hashes=False):
+            return c
+    raise FileNotFoundError(
+        f"{p} is neither a model directory ({', '.join(MODEL_FILES)}) nor a training run with "
+        f"final/ or a complete {CKPT_DIR}/{PREFIX}*/ checkpoint"
+    )
