@@ -1,0 +1,105 @@
+"""Cache memory for serving: a byte budget accounted in blocks, and row surgery on batched caches.
+
+Per request the model keeps a fixed-size part (every KDA layer's recurrent state + conv tail, the
+same at 10 tokens or 1M) and a part that grows by ``d_c`` numbers per token per MLA layer. The
+``CacheBudget`` reserves, at admission, the fixed part plus enough ``block_size``-token blocks of MLA
+latents for the request's whole life (prompt + ``max_tokens``), so a running request never runs out
+and nothing needs preempting; a request that cannot fit even alone is rejected, one that cannot fit
+now waits. Physically the latents live in the ``Cache`` tensors (grown by doubling); the blocks are
+the unit of accounting, and ``Cache.nbytes()`` reports what is actually live.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from longmoe.cache import Cache, KDAState, LayerState, MLAState
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+class CacheBudgetError(ValueError):
+    """A request needs more cache than the whole budget allows."""
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """Bytes per request: ``fixed`` (KDA states + conv tails) and ``per_token`` (MLA latents)."""
+
+    fixed: int
+    per_token: int
+
+    @staticmethod
+    def of(model: torch.nn.Module) -> CacheSpec:
+        c = model.new_cache(1)  # type: ignore[operator]
+        fixed = per_token = 0
+        for st in c.layers:
+            if isinstance(st, KDAState):
+                fixed += sum(t.numel() * t.element_size() for t in st.tensors())
+            else:
+                per_token += st.buf.shape[2] * st.buf.element_size()
+        return CacheSpec(fixed, per_token)
+
+    def bytes_for(self, n_tokens: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+        blocks = math.ceil(n_tokens / block_size)
+        return self.fixed + blocks * block_size * self.per_token
+
+
+class CacheBudget:
+    """Reservations against ``budget_bytes``; not thread-safe (the engine's scheduler owns it)."""
+
+    def __init__(self, spec: CacheSpec, budget_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+        if budget_bytes < spec.bytes_for(1, block_size):
+            raise CacheBudgetError(
+                f"cache_budget_bytes={budget_bytes} cannot hold even one token of one request "
+                f"(needs {spec.bytes_for(1, block_size)})"
+            )
+        if block_size < 1:
+            raise ValueError(f"block_size: expected an integer >= 1, got {block_size}")
+        self.spec, self.budget, self.block_size = spec, int(budget_bytes), block_size
+        self.reserved: dict[int, int] = {}  # request id -> bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(self.reserved.values())
+
+    def max_tokens_alone(self) -> int:
+        """Most tokens (prompt + output) one request may hold when it has the budget to itself."""
+        blocks = (self.budget - self.spec.fixed) // max(1, self.block_size * self.spec.per_token)
+        return int(blocks * self.block_size) if self.spec.per_token else 2**62
+
+    def check(self, n_tokens: int) -> None:
+        need = self.spec.bytes_for(n_tokens, self.block_size)
+        if need > self.budget:
+            raise CacheBudgetError(
+                f"request needs {need:,} cache bytes for {n_tokens} tokens (prompt + max_tokens) but the "
+                f"cache budget is {self.budget:,} bytes (at most {self.max_tokens_alone()} tokens)"
+            )
+
+    def try_reserve(self, rid: int, n_tokens: int) -> bool:
+        self.check(n_tokens)
+        need = self.spec.bytes_for(n_tokens, self.block_size)
+        if self.reserved_bytes + need > self.budget:
+            return False
+        self.reserved[rid] = need
+        return True
+
+    def release(self, rid: int) -> None:
+        self.reserved.pop(rid, None)
+
+
+def take_rows(cache: Cache, rows: list[int]) -> Cache:
+    """A new cache with only ``rows`` of ``cache`` (MLA latents trimmed to the longest kept row)."""
+    idx = torch.tensor(rows, dtype=torch.long, device=cache.seq_lens.device)
+    seq_lens = cache.seq_lens.index_select(0, idx)
+    n = int(seq_lens.max()) if len(rows) else 0
+    layers: list[LayerState] = []
+    for st in cache.layers:
+        if isinstance(st, KDAState):
+            layers.append(KDAState(st.state.index_select(0, idx), st.conv.index_select(0, idx)))
+        else:
+            layers.append(MLAState(st.buf[:, :n].index_select(0, idx)))
+    return Cache(layers, seq_lens)

@@ -1,0 +1,548 @@
+"""The inference engine: request state, a continuous-batching scheduler, streaming results.
+
+One background thread owns the model and runs scheduler steps while there is work. A step:
+
+1. takes new submissions and drops cancelled requests (their cache rows and budget are freed);
+2. admits waiting requests in arrival order while the batch has room (``max_batch``) and the
+   ``CacheBudget`` can reserve their whole life (prompt + ``max_tokens``); the rest wait;
+3. runs **one batched decode step** for every request that is generating: the rows live in one
+   batched ``Cache`` (rows of different lengths; MLA rows are masked to their own length), one
+   forward of ``[B, 1]`` tokens, then per-row sampling with each request's own RNG;
+4. feeds **one prefill chunk** (``chunk_size`` prompt tokens, taken from the oldest prefilling
+   requests) into those requests' own single-row caches, so a long prompt advances a slice per step
+   while the other requests keep decoding between its slices;
+5. changes the batch membership: finished rows leave (``take_rows``), requests whose prefill just
+   ended join (``Cache.stack``). Membership only changes here, between steps.
+
+Rows never interact (the model is row-independent and MoE routing is per token), so a request's
+tokens are the same alone or batched; sampling depends only on its own logits and seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import torch
+
+from longmoe.cache import Cache
+from longmoe.serve.cache import CacheBudget, CacheBudgetError, CacheSpec, take_rows
+from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice, sample
+
+log = logging.getLogger(__name__)
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+_TPS_WINDOW_S = 10.0
+
+
+class EngineError(ValueError):
+    """A request the engine cannot take; ``param`` names the offending field."""
+
+    def __init__(self, param: str, message: str, status: int = 400) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param, self.status = param, status
+
+
+@dataclass
+class EngineConfig:
+    """Scheduler and memory knobs (validated)."""
+
+    chunk_size: int = 512  # prompt tokens fed per scheduler step (chunked prefill)
+    max_batch: int = 32  # requests prefilling or decoding at once
+    cache_budget_bytes: int = 1 << 30  # MLA latents + KDA states of all running requests
+    block_size: int = 16  # tokens per accounting block of MLA latents
+    max_waiting: int = 1024  # queued requests beyond which submissions are refused
+    add_bos: bool = True  # text prompts start with <|bos|>, as training documents do
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for f in ("chunk_size", "max_batch", "cache_budget_bytes", "block_size", "max_waiting"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{f}: expected an integer >= 1, got {v!r}")
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # one of FINISH_REASONS
+    logprobs: list[float] | None
+    prompt_tokens: int
+    completion_tokens: int
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    error: str | None = None
+
+
+@dataclass
+class Event:
+    """What a request emits after each of its tokens: a text delta, and ``done`` on the last one."""
+
+    delta: str
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    done: Completion | None = None
+
+
+@dataclass
+class _Request:
+    id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    sink: Callable[[Event], None]
+    sampler: SamplerState | None = None
+    stop_ids: frozenset[int] = frozenset()
+    plain_greedy: bool = False  # argmax of raw logits suffices (batched fast path)
+    cache: Cache | None = None  # own single-row cache while prefilling
+    n_fed: int = 0
+    out: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    tops: list[list[tuple[int, float]]] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0  # characters of ``text`` already emitted
+    finish: str | None = None
+    cancelled: bool = False
+    submitted_at: float = field(default_factory=time.monotonic)
+
+
+class RequestHandle:
+    """A submitted request: iterate its events, wait for the result, or cancel it."""
+
+    def __init__(self, engine: Engine, req: _Request, q: queue.Queue | None) -> None:
+        self._engine, self._req, self._q = engine, req, q
+        self.id, self.prompt_tokens = req.id, len(req.prompt_ids)
+        self.completion: Completion | None = None
+
+    def cancel(self) -> None:
+        self._engine._cancel(self._req)
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        if self._q is None:
+            raise RuntimeError("this request delivers its events to the sink it was submitted with")
+        while self.completion is None:
+            ev = self._q.get(timeout=timeout)
+            if ev.done is not None:
+                self.completion = ev.done
+            yield ev
+
+    def result(self, timeout: float | None = None) -> Completion:
+        for _ in self.events(timeout):
+            pass
+        assert self.completion is not None
+        if self.completion.finish_reason == "error":
+            raise RuntimeError(f"request {self.id} failed: {self.completion.error}")
+        return self.completion
+
+
+class Engine:
+    """Continuous-batching generation over a ``LongMoE`` model (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, config: EngineConfig | None = None) -> None:
+        self.cfg = config or EngineConfig()
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.vocab_size = model.cfg.vocab_size
+        if tokenizer.vocab_size > self.vocab_size:
+            raise ValueError(
+                f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {self.vocab_size}"
+            )
+        self.spec = CacheSpec.of(model)
+        self.budget = CacheBudget(self.spec, self.cfg.cache_budget_bytes, self.cfg.block_size)
+        self._cv = threading.Condition()
+        self._incoming: list[_Request] = []
+        self._waiting: deque[_Request] = deque()
+        self._prefilling: list[_Request] = []
+        self._joining: list[_Request] = []
+        self._batch_reqs: list[_Request] = []
+        self._batch: Cache | None = None
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._cancel_pending = False
+        self.cache_bytes_in_use = 0
+        self.counters = {"requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "steps": 0}
+        self.finished = dict.fromkeys(FINISH_REASONS, 0)
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_dir(cls, path: str | Path, **opts) -> Engine:
+        """Load a model directory or a training run (its ``final/`` or newest complete checkpoint).
+
+        ``opts`` are ``EngineConfig`` fields (``chunk_size``, ``max_batch``, ``cache_budget_bytes``,
+        ``device``, ...)."""
+        from longmoe.data.tokenizer import Tokenizer
+        from longmoe.model import LongMoE
+        from longmoe.train.checkpoint import resolve_model_dir
+
+        known = {f.name for f in fields(EngineConfig)}
+        bad = sorted(set(opts) - known)
+        if bad:
+            raise TypeError(f"Engine.from_dir: unknown options {bad}; expected some of {sorted(known)}")
+        cfg = EngineConfig(**opts)
+        d = resolve_model_dir(path)
+        model = LongMoE.from_pretrained(d, device=cfg.device)
+        return cls(model, Tokenizer.from_file(d / "tokenizer.json"), cfg)
+
+    @property
+    def max_context(self) -> int:
+        return int(self.model.cfg.max_seq_len)
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, bos=self.cfg.add_bos)
+        if not isinstance(prompt, list | tuple) or any(
+            isinstance(t, bool) or not isinstance(t, int) for t in prompt
+        ):
+            raise EngineError("prompt", "expected a string or a list of token ids")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise EngineError("prompt", f"token ids must be in [0, {self.vocab_size}), got {bad[:5]}")
+        return list(prompt)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Chat messages -> prompt ids via the tokenizer's template, ending in ``<|assistant|>\\n``."""
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except (ValueError, AttributeError, TypeError) as e:
+            raise EngineError("messages", str(e)) from e
+        return self.tokenizer.encode(text, bos=self.cfg.add_bos)
+
+    # ------------------------------------------------------------------ public API
+    def submit(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        sink: Callable[[Event], None] | None = None,
+    ) -> RequestHandle:
+        """Queue a request; events go to ``sink`` (called from the engine thread) or the handle."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params: expected SamplingParams, got {type(params).__name__}")
+        ids = self.encode_prompt(prompt)
+        if not ids:
+            raise EngineError("prompt", "is empty: expected at least one token")
+        if len(ids) >= self.max_context:
+            raise EngineError(
+                "prompt",
+                f"has {len(ids)} tokens but the context window is {self.max_context} "
+                "(the prompt must leave room for at least one generated token)",
+            )
+        if len(ids) + params.max_tokens > self.max_context:
+            raise EngineError(
+                "max_tokens",
+                f"{params.max_tokens} + {len(ids)} prompt tokens exceeds the context window of "
+                f"{self.max_context}; expected max_tokens <= {self.max_context - len(ids)}",
+            )
+        try:
+            self.budget.check(len(ids) + params.max_tokens)
+        except CacheBudgetError as e:
+            raise EngineError("max_tokens", str(e)) from e
+        q: queue.Queue | None = None
+        if sink is None:
+            q = queue.Queue()
+            sink = q.put
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= {self.tokenizer.eos_id, self.tokenizer.end_id}
+        req = _Request(next(self._ids), ids, params, sink, stop_ids=frozenset(stop_ids))
+        req.plain_greedy = (
+            params.greedy
+            and params.repetition_penalty == 1.0
+            and not (params.frequency_penalty or params.presence_penalty)
+            and not (params.logprobs or params.top_logprobs)
+        )
+        req.sampler = SamplerState(params, ids, self.vocab_size, self.device)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            if len(self._waiting) + len(self._incoming) >= self.cfg.max_waiting:
+                raise EngineError("queue", f"is full ({self.cfg.max_waiting} waiting requests)", 503)
+            self._incoming.append(req)
+            self.counters["requests"] += 1
+            self.counters["prompt_tokens"] += len(ids)
+            self._ensure_thread()
+            self._cv.notify_all()
+        return RequestHandle(self, req, q)
+
+    def generate(self, prompt: str | list[int], params: SamplingParams | None = None) -> Completion:
+        return self.submit(prompt, params).result()
+
+    def generate_batch(
+        self,
+        prompts: list[str | list[int]],
+        params_list: list[SamplingParams] | SamplingParams | None = None,
+    ) -> list[Completion]:
+        """All prompts submitted at once (they share decode steps); results in prompt order."""
+        if params_list is None or isinstance(params_list, SamplingParams):
+            params_list = [params_list or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"params_list: expected {len(prompts)} entries, got {len(params_list)}")
+        handles = [self.submit(p, s) for p, s in zip(prompts, params_list, strict=True)]
+        return [h.result() for h in handles]
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
+        """Text deltas as they are produced (stopping early cancels the request)."""
+        h = self.submit(prompt, params)
+        try:
+            for ev in h.events():
+                if ev.delta:
+                    yield ev.delta
+                if ev.done is not None and ev.done.finish_reason == "error":
+                    raise RuntimeError(f"request {h.id} failed: {ev.done.error}")
+        finally:
+            if h.completion is None:
+                h.cancel()
+
+    def stats(self) -> dict[str, float]:
+        now = time.monotonic()
+        recent = [(t, n) for t, n in list(self._recent) if now - t <= _TPS_WINDOW_S]
+        return {
+            **self.counters,
+            **{f"finished_{k}": v for k, v in self.finished.items()},
+            "waiting": len(self._waiting) + len(self._incoming),
+            "running": len(self._prefilling) + len(self._joining) + len(self._batch_reqs),
+            "cache_bytes_in_use": self.cache_bytes_in_use,
+            "cache_bytes_reserved": self.budget.reserved_bytes,
+            "cache_budget_bytes": self.budget.budget,
+            "tokens_per_second": sum(n for _, n in recent) / _TPS_WINDOW_S,
+        }
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ worker thread
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="longmoe-engine", daemon=True)
+            self._thread.start()
+
+    def _has_work(self) -> bool:
+        return bool(self._incoming or self._waiting or self._prefilling or self._joining or self._batch_reqs)
+
+    def _cancel(self, req: _Request) -> None:
+        with self._cv:
+            req.cancelled = True
+            self._cancel_pending = True
+            self._cv.notify_all()
+
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._cv:
+                    while not self._closed and not self._has_work():
+                        self._cv.wait()
+                    if self._closed:
+                        break
+                try:
+                    self.step()
+                except Exception as e:  # a failing step must not kill the engine: fail its requests
+                    log.exception("engine step failed")
+                    self._fail_all(f"{type(e).__name__}: {e}")
+            self._fail_all("engine closed", reason="cancelled")
+
+    def step(self) -> None:
+        """One scheduler iteration (see the module docstring); runs on the engine thread."""
+        with self._cv:
+            self._waiting.extend(self._incoming)
+            self._incoming.clear()
+            reap, self._cancel_pending = self._cancel_pending, False
+        if reap:
+            self._reap_cancelled()
+        self._admit()
+        n_tokens = 0
+        if self._batch_reqs:
+            n_tokens += self._decode_step()
+        if self._prefilling:
+            n_tokens += self._prefill_step()
+        self._rebuild_batch()
+        self.counters["steps"] += 1
+        self.counters["generated_tokens"] += n_tokens
+        now = time.monotonic()
+        self._recent.append((now, n_tokens))
+        while self._recent and now - self._recent[0][0] > _TPS_WINDOW_S:
+            self._recent.popleft()
+        live = sum(r.cache.nbytes() for r in self._prefilling + self._joining if r.cache is not None)
+        self.cache_bytes_in_use = live + (self._batch.nbytes() if self._batch is not None else 0)
+
+    def _reap_cancelled(self) -> None:
+        for r in [r for r in self._waiting if r.cancelled]:
+            self._waiting.remove(r)
+            self._finish(r, "cancelled")
+        for lst in (self._prefilling, self._joining):
+            for r in [r for r in lst if r.cancelled]:
+                lst.remove(r)
+                r.cache = None
+                self._finish(r, "cancelled")
+        for r in self._batch_reqs:
+            if r.cancelled and r.finish is None:
+                self._finish(r, "cancelled")
+        self._rebuild_batch()
+
+    def _admit(self) -> None:
+        while self._waiting:
+            if len(self._prefilling) + len(self._joining) + len(self._batch_reqs) >= self.cfg.max_batch:
+                return
+            r = self._waiting[0]
+            if not self.budget.try_reserve(r.id, len(r.prompt_ids) + r.params.max_tokens):
+                return  # wait for running requests to free their reservations (arrival order kept)
+            self._waiting.popleft()
+            r.cache = self.model.new_cache(1, self.device)
+            self._prefilling.append(r)
+
+    def _prefill_step(self) -> int:
+        """Feed up to ``chunk_size`` prompt tokens, oldest prefilling requests first."""
+        budget, produced = self.cfg.chunk_size, 0
+        while budget > 0 and self._prefilling:
+            r = self._prefilling[0]
+            n = min(budget, len(r.prompt_ids) - r.n_fed)
+            x = torch.tensor([r.prompt_ids[r.n_fed : r.n_fed + n]], dtype=torch.long, device=self.device)
+            logits = self.model(x, cache=r.cache).logits  # [1, n, V]
+            r.n_fed += n
+            budget -= n
+            if r.n_fed == len(r.prompt_ids):
+                self._prefilling.pop(0)
+                self._accept(r, self._choose(r, logits[0, -1]))
+                produced += 1
+                if r.finish is None:
+                    self._joining.append(r)
+                else:
+                    r.cache = None
+        return produced
+
+    def _decode_step(self) -> int:
+        assert self._batch is not None
+        x = torch.tensor([[r.out[-1]] for r in self._batch_reqs], dtype=torch.long, device=self.device)
+        logits = self.model(x, cache=self._batch).logits[:, 0]  # [B, V]
+        greedy_rows = [i for i, r in enumerate(self._batch_reqs) if r.plain_greedy]
+        fast = {}
+        if greedy_rows:
+            idx = torch.tensor(greedy_rows, device=self.device)
+            fast = dict(zip(greedy_rows, logits.index_select(0, idx).argmax(-1).tolist(), strict=True))
+        for i, r in enumerate(self._batch_reqs):
+            self._accept(r, TokenChoice(fast[i]) if i in fast else self._choose(r, logits[i]))
+        return len(self._batch_reqs)
+
+    def _choose(self, r: _Request, logits: torch.Tensor) -> TokenChoice:
+        if r.plain_greedy:
+            return TokenChoice(int(torch.argmax(logits)))
+        assert r.sampler is not None
+        return sample(logits, r.sampler)
+
+    def _rebuild_batch(self) -> None:
+        keep = [i for i, r in enumerate(self._batch_reqs) if r.finish is None]
+        if len(keep) < len(self._batch_reqs):
+            self._batch_reqs = [self._batch_reqs[i] for i in keep]
+            self._batch = take_rows(self._batch, keep) if keep and self._batch is not None else None
+        if self._joining:
+            parts = ([self._batch] if self._batch is not None else []) + [r.cache for r in self._joining]
+            self._batch = Cache.stack(parts)  # type: ignore[arg-type]
+            self._batch_reqs += self._joining
+            for r in self._joining:
+                r.cache = None
+            self._joining = []
+
+    # ------------------------------------------------------------------ per-token bookkeeping
+    def _accept(self, r: _Request, choice: TokenChoice) -> None:
+        """Record a token, apply stop conditions, emit the safe text delta (and the result if done)."""
+        p = r.params
+        tok = choice.token
+        r.out.append(tok)
+        if choice.logprob is not None:
+            r.lps.append(choice.logprob)
+        if choice.top is not None:
+            r.tops.append(choice.top)
+        reason = None
+        if tok in r.stop_ids:
+            reason = "stop"
+        else:
+            prev = len(r.text)
+            text = self.tokenizer.decode([t for t in r.out if t not in r.stop_ids], skip_special_tokens=True)
+            if p.stop:
+                start = max(0, prev - max(len(s) for s in p.stop) - 4)
+                hits = [i for i in (text.find(s, start) for s in p.stop) if i >= 0]
+                if hits:
+                    text, reason = text[: min(hits)], "stop"
+            r.text = text
+        if reason is None and (
+            len(r.out) >= p.max_tokens or len(r.prompt_ids) + len(r.out) >= self.max_context
+        ):
+            reason = "length"
+        end = len(r.text) if reason else _safe_end(r.text, p.stop)
+        delta = r.text[r.sent : end] if end > r.sent else ""
+        r.sent = max(r.sent, end)
+        lp = [choice.logprob] if choice.logprob is not None else None
+        if reason is None:
+            r.sink(Event(delta, [tok], lp))
+        else:
+            self._finish(r, reason, delta, [tok], lp)
+
+    def _finish(
+        self,
+        r: _Request,
+        reason: str,
+        delta: str = "",
+        new: list[int] | None = None,
+        lp: list[float] | None = None,
+        error: str | None = None,
+    ) -> None:
+        r.finish = reason
+        self.budget.release(r.id)
+        self.finished[reason] += 1
+        want_lp = r.params.logprobs or r.params.top_logprobs
+        done = Completion(
+            text=r.text,
+            token_ids=list(r.out),
+            finish_reason=reason,
+            logprobs=list(r.lps) if want_lp else None,
+            prompt_tokens=len(r.prompt_ids),
+            completion_tokens=len(r.out),
+            top_logprobs=list(r.tops) if r.params.top_logprobs else None,
+            error=error,
+        )
+        try:
+            r.sink(Event(delta, new or [], lp, done))
+        except Exception:  # a consumer that went away must not break the scheduler
+            log.exception("request %d: delivering the result failed", r.id)
+
+    def _fail_all(self, error: str, reason: str = "error") -> None:
+        with self._cv:
+            self._waiting.extend(self._incoming)
+            self._incoming.clear()
+        for r in list(self._waiting) + self._prefilling + self._joining + self._batch_reqs:
+            if r.finish is None:
+                self._finish(r, reason, error=error)
+        self._waiting.clear()
+        self._prefilling, self._joining, self._batch_reqs, self._batch = [], [], [], None
+        self.cache_bytes_in_use = 0
+
+
+def _safe_end(text: str, stops: list[str]) -> int:
+    """How much of ``text`` can be shown: not a trailing partial UTF-8 character (``\\ufffd``) nor a
+    suffix that could still grow into a stop string."""
+    end = len(text.rstrip("\ufffd"))
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, end), 0, -1):
+            if text[:end].endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    return end - hold
