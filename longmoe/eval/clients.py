@@ -155,6 +155,7 @@ class EndpointClient:
         mode: str = "completions",
         timeout: float = 600.0,
         retries: int = 3,
+        backoff: float = 0.5,
     ) -> None:
         import httpx
 
@@ -167,7 +168,8 @@ class EndpointClient:
         base = url.rstrip("/")
         base = base[: -len("/v1")] if base.endswith("/v1") else base
         self.url = f"{base}/v1/{'completions' if mode == 'completions' else 'chat/completions'}"
-        self.name, self.model, self.mode, self.retries = f"{model}@{base}", model, mode, retries
+        self.name, self.model, self.mode = f"{model}@{base}", model, mode
+        self.retries, self.backoff = retries, backoff
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(timeout=timeout, headers=headers)
 
@@ -198,7 +200,7 @@ class EndpointClient:
                     return self._parse(r)
                 last = ClientError(f"{self.url} answered HTTP {r.status_code}: {r.text[:200]}")
             if attempt < self.retries:
-                time.sleep(min(8.0, 0.5 * 2**attempt))
+                time.sleep(min(8.0, self.backoff * 2**attempt))
         raise ClientError(f"{self.url} failed after {self.retries + 1} tries: {last}")
 
     def _parse(self, r: Any) -> Reply:
