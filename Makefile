@@ -33,7 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
 demo: $(STAMP)
-	$(BIN)/python bench/kda.py --quick
+	$(BIN)/python -m longmoe demo
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -112,15 +112,16 @@ class Curriculum:
         self._packers, self._saved = {}, dict(state["packers"])
 
 
-def val_batch(
+def val_batches(
     tokenizer: Any,
     length: int,
     n_windows: int,
     mix: dict[str, float] | None = None,
     data: str | Path | None = None,
     seed: int = 1234,
-) -> dict[str, torch.Tensor]:
-    """A fixed validation batch: the first ``n_windows`` windows of ``length`` from the val split."""
+) -> list[dict[str, torch.Tensor]]:
+    """Fixed validation data: the first ``n_windows`` windows of ``length`` from the val split, one packed
+    batch each (scored separately so attention memory stays O(length²), not O((n·length)²))."""
     src = make_mix(mix or {"file": 1.0}, "val", seed, tokenizer, data, synthetic_length=length)
     p = Packer(src, tokenizer.encode, tokenizer.bos_id, tokenizer.eos_id)
-    return collate([p.next_window(length) for _ in range(n_windows)])
+    return [collate([p.next_window(length)]) for _ in range(n_windows)]

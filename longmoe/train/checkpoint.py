@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ PREFIX = "step-"
 MANIFEST = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# Fault injection for the crash-safety test: ``LONGMOE_FAULT=kill-in-save:STEP`` SIGKILLs the process
+# after checkpoint STEP's files are written but before its manifest and rename.
+FAULT_ENV = "LONGMOE_FAULT"
 
 
 class CheckpointError(RuntimeError):
@@ -82,6 +86,8 @@ def save_checkpoint(
     model.save_pretrained(tmp)
     shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
     torch.save(state, tmp / STATE_FILE)
+    if os.environ.get(FAULT_ENV) == f"kill-in-save:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
     files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
     (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1) + "\n")
     _fsync_tree(tmp)

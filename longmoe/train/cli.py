@@ -1,0 +1,118 @@
+"""``longmoe train``: pretrain a model through the context curriculum (new run or ``--resume``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from longmoe.config import ConfigError, ModelConfig, preset
+from longmoe.data.corpus import DataError
+from longmoe.train.config import TrainConfig, tiny_curriculum
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--preset", default="tiny", help="model preset (tiny, tiny-dense, small); default tiny")
+    g.add_argument("--config", type=Path, help="model config.json (overrides --preset)")
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--data",
+        help="text/JSONL/Parquet file or directory to train on (default: embedded stdlib corpus)",
+    )
+    g.add_argument(
+        "--tokenizer", type=Path, help="existing tokenizer.json (default: train a byte-level BPE on the data)"
+    )
+    g.add_argument(
+        "--no-synthetic",
+        action="store_true",
+        help="leave the synthetic long-context task documents out of the long-window stages",
+    )
+    g = p.add_argument_group("schedule")
+    g.add_argument("--train-config", type=Path, help="train_config.json (curriculum + optimiser settings)")
+    g.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply every stage's token budget (default curriculum only)",
+    )
+    g.add_argument("--lr", type=float, help="peak learning rate")
+    g.add_argument("--schedule", choices=["cosine", "wsd", "constant"], help="learning-rate schedule")
+    g.add_argument("--grad-accum", type=int, help="batches per optimizer step")
+    g.add_argument("--seed", type=int, help="seed for weights, data order and sampling")
+    g.add_argument("--bf16", action="store_true", help="bf16 autocast for the forward pass")
+    g.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
+    g.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (checkpoint included)")
+    g = p.add_argument_group("run")
+    g.add_argument(
+        "--run-dir", type=Path, default=Path("runs/train"), help="output directory (default runs/train)"
+    )
+    g.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    g.add_argument("--ckpt-every", type=int, help="optimizer steps between checkpoints (0: only at the end)")
+    g.add_argument("--eval-every", type=int, help="optimizer steps between validation passes")
+    g.add_argument("--keep-last", type=int, help="complete checkpoints to keep")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--no-plots", action="store_true", help="do not render loss.png / balance.png at the end")
+
+
+OVERRIDES = ("lr", "schedule", "grad_accum", "seed", "ckpt_every", "eval_every", "keep_last")
+
+
+def build_train_config(args: argparse.Namespace) -> TrainConfig:
+    if args.train_config is not None:
+        if not args.train_config.is_file():
+            raise FileNotFoundError(f"--train-config: file not found: {args.train_config}")
+        d = json.loads(args.train_config.read_text())
+    else:
+        d = {"stages": tiny_curriculum(args.scale, synthetic=not args.no_synthetic)}
+    for k in OVERRIDES:
+        if getattr(args, k) is not None:
+            d[k] = getattr(args, k)
+    if args.bf16:
+        d["bf16"] = True
+    if args.compile:
+        d["compile"] = True
+    if args.data is not None:
+        d["data"] = args.data
+    return TrainConfig.from_dict(d)
+
+
+def build_model_config(args: argparse.Namespace) -> ModelConfig:
+    if args.config is not None:
+        if not args.config.is_file():
+            raise FileNotFoundError(f"--config: file not found: {args.config}")
+        return ModelConfig.load(args.config)
+    return preset(args.preset)
+
+
+def run(args: argparse.Namespace) -> int:
+    from longmoe.data.tokenizer import Tokenizer
+    from longmoe.train.plots import render
+    from longmoe.train.pretrain import Trainer, train_tokenizer
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    try:
+        if args.resume and (args.run_dir / "config.json").exists():
+            trainer = Trainer(
+                args.run_dir, resume=True, progress=not args.no_progress, max_steps=args.max_steps
+            )
+        else:
+            mcfg, tcfg = build_model_config(args), build_train_config(args)
+            if args.tokenizer is not None:
+                tok = Tokenizer.from_file(args.tokenizer)
+            else:
+                print(f"training a {mcfg.vocab_size}-token byte-level BPE on the corpus ...", file=sys.stderr)
+                tok = train_tokenizer(mcfg.vocab_size, tcfg.data)
+            trainer = Trainer(
+                args.run_dir, mcfg, tcfg, tok, progress=not args.no_progress, max_steps=args.max_steps
+            )
+        summary = trainer.fit()
+    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
+        print(f"longmoe train: error: {e}", file=sys.stderr)
+        return 2
+    if not args.no_plots:
+        render(args.run_dir)
+    print(json.dumps(summary))
+    return 0

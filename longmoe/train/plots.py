@@ -1,0 +1,104 @@
+"""Training plots from ``metrics.jsonl``: ``loss.png`` (train/val loss over tokens, stage boundaries)
+and ``balance.png`` (MaxVio per MoE layer over steps, dead experts, the last load histogram).
+
+Also the ``longmoe plot RUN_DIR`` command, so a running or finished run can be looked at any time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    f = Path(run_dir) / "metrics.jsonl"
+    if not f.is_file():
+        raise FileNotFoundError(f"{f} not found: is {run_dir} a training run directory?")
+    return [json.loads(ln) for ln in f.read_text().splitlines() if ln.strip()]
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_loss(recs: list[dict[str, Any]], out: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    tr = [r for r in recs if "loss" in r]
+    ax.plot([r["tokens"] for r in tr], [r["ce_loss"] for r in tr], lw=0.8, alpha=0.7, label="train CE")
+    va = [r for r in recs if "val_loss" in r]
+    if va:
+        ax.plot([r["tokens"] for r in va], [r["val_loss"] for r in va], "o-", ms=4, label="validation")
+    for a, b in zip(tr, tr[1:]):
+        if a["stage"] != b["stage"]:
+            ax.axvline(b["tokens"], color="grey", ls=":", lw=1)
+            ax.text(b["tokens"], ax.get_ylim()[1], f" {b['stage_name']}", va="top", fontsize=8, color="grey")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title("loss through the context curriculum")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_balance(recs: list[dict[str, Any]], out: Path) -> Path | None:
+    tr = [r for r in recs if "max_vio" in r]
+    if not tr:
+        return None
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [r["step"] for r in tr]
+    for layer in range(len(tr[0]["max_vio"])):
+        a1.plot(steps, [r["max_vio"][layer] for r in tr], lw=0.9, label=f"MoE layer {layer}")
+    a1.set_xlabel("optimizer step")
+    a1.set_ylabel("MaxVio = (max load - mean) / mean")
+    a1.set_yscale("symlog", linthresh=0.1)
+    a1.set_title(f"load balance (dead experts at the end: {tr[-1]['dead_experts']})", fontsize=10)
+    a1.grid(alpha=0.3)
+    a1.legend(fontsize=7)
+    with_load = [r for r in recs if "load" in r]
+    if with_load:
+        load = with_load[-1]["load"]  # [layers][E]
+        im = a2.imshow(load, aspect="auto", cmap="viridis", interpolation="nearest")
+        fig.colorbar(im, ax=a2, label="share of routed tokens")
+        a2.set_xlabel("expert")
+        a2.set_ylabel("MoE layer")
+        a2.set_title(f"expert load at step {with_load[-1]['step']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def render(run_dir: str | Path) -> list[Path]:
+    """Write ``loss.png`` and (for MoE models) ``balance.png`` into the run directory."""
+    run_dir = Path(run_dir)
+    recs = read_metrics(run_dir)
+    out = [plot_loss(recs, run_dir / "loss.png")]
+    b = plot_balance(recs, run_dir / "balance.png")
+    return out + ([b] if b else [])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path, help="training run directory (holds metrics.jsonl)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        for f in render(args.run_dir):
+            print(f)
+    except FileNotFoundError as e:
+        print(f"longmoe plot: error: {e}", file=sys.stderr)
+        return 2
+    return 0

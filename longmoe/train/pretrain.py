@@ -1,0 +1,337 @@
+"""Next-token pretraining through the context curriculum, resumable to the exact loss sequence.
+
+One ``Trainer`` owns a run directory::
+
+    RUN/config.json  train_config.json  tokenizer.json   what the run was started with (reused on resume)
+    RUN/metrics.jsonl                                   one JSON object per logged step / evaluation
+    RUN/checkpoints/step-XXXXXXXX/                      atomic checkpoints (see ``checkpoint.py``)
+    RUN/final/                                          the last weights as a plain model directory
+
+Everything a step depends on (weights, AdamW moments, step count → learning rate, torch/Python RNG,
+the curriculum's stage and every packer's position, the MoE balancers' bias and load window) is in
+the checkpoint, so a CPU run resumed from step s logs the same losses as the run that never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from longmoe.config import ConfigError, ModelConfig
+from longmoe.data.curriculum import Curriculum, val_batches
+from longmoe.data.tokenizer import Tokenizer
+from longmoe.model import LongMoE
+from longmoe.train import checkpoint as ckpt
+from longmoe.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+NO_DECAY_KEYS = ("norm", "gate_up", "attn_res")  # norms, the decay-gate projection, AttnRes queries
+
+
+# ---------------------------------------------------------------------------------------- pieces
+def lr_at(step: int, cfg: TrainConfig, total: int) -> float:
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine / WSD / constant."""
+    peak, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return peak * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return peak
+    span = max(1, total - cfg.warmup_steps)
+    t = min(1.0, (step - cfg.warmup_steps) / span)  # progress after warmup, in [0, 1]
+    if cfg.schedule == "cosine":
+        return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * t))
+    # WSD: warmup, stable at the peak, then a linear decay over the last ``wsd_decay_fraction``
+    start = 1.0 - cfg.wsd_decay_fraction
+    return peak if t <= start else peak - (peak - floor) * (t - start) / cfg.wsd_decay_fraction
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: matrices decay; norms, biases, decay-gate parameters and AttnRes queries do not."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        skip = p.dim() < 2 or name.endswith(".A") or any(k in name for k in NO_DECAY_KEYS)
+        (no_decay if skip else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_as_tuple(state["python"]))
+
+
+def _as_tuple(x: Any) -> Any:
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def train_tokenizer(
+    vocab_size: int, data: str | Path | None = None, max_chars: int = 20_000_000
+) -> Tokenizer:
+    """Byte-level BPE on the train split of the corpus (the first ``max_chars`` characters of it)."""
+    from longmoe.data.corpus import corpus_documents
+
+    def texts() -> Iterator[str]:
+        n = 0
+        for doc in corpus_documents(data, split="train", kind="file", shuffle_seed=0, epoch=0):
+            yield doc.text
+            n += len(doc.text)
+            if n >= max_chars:
+                return
+
+    return Tokenizer.train(texts(), vocab_size=vocab_size)
+
+
+def check_fits(cfg: ModelConfig, tok: Tokenizer) -> None:
+    if tok.vocab_size > cfg.vocab_size:
+        raise ConfigError(
+            f"vocab_size={cfg.vocab_size} is too small for the tokenizer: it has {tok.vocab_size} tokens; "
+            f"expected vocab_size >= {tok.vocab_size}"
+        )
+
+
+# ---------------------------------------------------------------------------------------- trainer
+class Trainer:
+    """Builds (or resumes) a run and trains it; ``fit()`` runs to the end of the curriculum."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        model_cfg: ModelConfig | None = None,
+        train_cfg: TrainConfig | None = None,
+        tokenizer: Tokenizer | None = None,
+        resume: bool = False,
+        progress: bool = True,
+        max_steps: int | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.progress, self.max_steps = progress, max_steps
+        restored = ckpt.load_latest(self.run_dir) if resume else None
+        if resume and restored is None and (self.run_dir / "config.json").exists():
+            log.warning("--resume: no complete checkpoint in %s; starting from step 0", self.run_dir)
+        if resume and (self.run_dir / "config.json").exists():
+            # the run's own files win over what the caller passed: a resume must not change the run
+            model_cfg = ModelConfig.load(self.run_dir / "config.json")
+            train_cfg = TrainConfig.load(self.run_dir / "train_config.json")
+            tokenizer = Tokenizer.from_file(self.run_dir / "tokenizer.json")
+        if model_cfg is None or train_cfg is None or tokenizer is None:
+            raise ValueError(f"run {self.run_dir}: a new run needs a model config, train config, tokenizer")
+        check_fits(model_cfg, tokenizer)
+        self.mcfg, self.tcfg, self.tok = model_cfg, train_cfg, tokenizer
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not (self.run_dir / "config.json").exists() or not resume:
+            model_cfg.save(self.run_dir / "config.json")
+            train_cfg.save(self.run_dir / "train_config.json")
+            tokenizer.save(self.run_dir / "tokenizer.json")
+
+        seed_everything(train_cfg.seed)
+        self.model = LongMoE(model_cfg)
+        self.opt = torch.optim.AdamW(
+            param_groups(self.model, train_cfg.weight_decay),
+            lr=train_cfg.lr,
+            betas=(train_cfg.beta1, train_cfg.beta2),
+            eps=train_cfg.eps,
+        )
+        self.curriculum = Curriculum(train_cfg.stages, tokenizer, train_cfg.seed, train_cfg.data)
+        self.total_steps = train_cfg.total_steps
+        self.step, self.tokens = 0, 0
+        self.val_cache: dict[int, list[dict[str, torch.Tensor]]] = {}
+        self.forward = torch.compile(self.model) if train_cfg.compile else self.model
+        if restored is not None:
+            self._restore(*restored)
+        else:
+            self._truncate_metrics(0)
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "optimizer": self.opt.state_dict(),
+            "rng": rng_state(),
+            "curriculum": self.curriculum.state(),
+        }
+
+    def _restore(self, path: Path, state: dict[str, Any]) -> None:
+        from safetensors.torch import load_file
+
+        self.model.load_state_dict(load_file(str(path / "model.safetensors")))
+        self.opt.load_state_dict(state["optimizer"])
+        self.curriculum.restore(state["curriculum"])
+        set_rng_state(state["rng"])
+        self.step, self.tokens = int(state["step"]), int(state["tokens"])
+        self._truncate_metrics(self.step)
+        log.info("resumed %s at step %d (%s)", self.run_dir, self.step, path.name)
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop log lines after ``step`` so a resumed run's log reads as one uninterrupted run."""
+        f = self.run_dir / "metrics.jsonl"
+        if not f.exists():
+            return
+        lines = [ln for ln in f.read_text().splitlines() if ln.strip()]
+        keep = [ln for ln in lines if json.loads(ln).get("step", 0) <= step]
+        f.write_text("".join(ln + "\n" for ln in keep))
+
+    def save(self) -> Path:
+        return ckpt.save_checkpoint(
+            self.run_dir, self.step, self.model, self.run_dir / "tokenizer.json", self.state(),
+            self.tcfg.keep_last,
+        )  # fmt: skip
+
+    def export(self, path: Path) -> Path:
+        """Write the current weights as a plain model directory (atomically replacing ``path``)."""
+        tmp = path.with_name(f".tmp-{path.name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(tmp)
+        self.tok.save(tmp / "tokenizer.json")
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+        return path
+
+    def log(self, rec: dict[str, Any]) -> None:
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    # ------------------------------------------------------------------ steps
+    def _autocast(self) -> Any:
+        return torch.autocast("cpu", dtype=torch.bfloat16) if self.tcfg.bf16 else nullcontext()
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step over ``grad_accum`` packed batches; returns the step's log record."""
+        self.model.train()
+        t0 = time.perf_counter()
+        lr = lr_at(self.step, self.tcfg, self.total_steps)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.opt.zero_grad(set_to_none=True)
+        n_micro, loss_sum, ce_sum, aux_sum, ntok = 0, 0.0, 0.0, 0.0, 0
+        stage = self.curriculum.stage_idx
+        window = self.curriculum.stage.window
+        while n_micro < self.tcfg.grad_accum and not self.curriculum.done:
+            b = self.curriculum.next_batch()
+            stage, window = b["stage"], b["window"]
+            with self._autocast():
+                out = self.forward(b["input_ids"], labels=b["labels"], cu_seqlens=b["cu_seqlens"])
+            (out.loss / self.tcfg.grad_accum).backward()
+            loss_sum += float(out.loss.detach())
+            ce_sum += float(out.ce_loss.detach())
+            aux_sum += float(out.aux_loss.detach())
+            ntok += int(b["input_ids"].numel())
+            n_micro += 1
+        if n_micro < self.tcfg.grad_accum:  # a last partial group: rescale to a mean over what ran
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(self.tcfg.grad_accum / n_micro)
+        clip = self.tcfg.grad_clip if self.tcfg.grad_clip > 0 else float("inf")
+        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        self.opt.step()
+        for m in self.model.moe_layers():
+            m.update_balance()
+        self.step += 1
+        self.tokens += ntok
+        dt = time.perf_counter() - t0
+        rec: dict[str, Any] = {
+            "step": self.step,
+            "stage": stage,
+            "stage_name": self.tcfg.stages[stage].name,
+            "window": window,
+            "loss": loss_sum / n_micro,
+            "ce_loss": ce_sum / n_micro,
+            "aux_loss": aux_sum / n_micro,
+            "lr": lr,
+            "grad_norm": gnorm,
+            "tokens": self.tokens,
+            "tokens_per_s": ntok / dt,
+        }
+        rec.update(self.balance_record())
+        return rec
+
+    def balance_record(self, with_load: bool = False) -> dict[str, Any]:
+        moe = self.model.moe_layers()
+        if not moe:
+            return {}
+        ms = [m.balance_metrics() for m in moe]
+        rec = {
+            "max_vio": [round(m["max_vio"], 5) for m in ms],
+            "dead_experts": [m["dead_experts"] for m in ms],
+            "router_entropy": [round(m["router_entropy"], 5) for m in ms],
+        }
+        if with_load:
+            rec["load"] = [[round(x, 5) for x in m["load"]] for m in ms]
+        return rec
+
+    @torch.no_grad()
+    def evaluate(self, length: int, n_windows: int | None = None) -> float:
+        """Mean next-token loss on fixed validation windows of ``length`` tokens (no aux loss)."""
+        n = n_windows or self.tcfg.val_windows
+        if length not in self.val_cache:
+            self.val_cache[length] = val_batches(self.tok, length, n, data=self.tcfg.data)
+        self.model.eval()
+        total, count = 0.0, 0
+        for b in self.val_cache[length]:
+            with self._autocast():
+                out = self.model(b["input_ids"], labels=b["labels"], cu_seqlens=b["cu_seqlens"])
+            k = int((b["labels"] != -100).sum())
+            total, count = total + float(out.ce_loss) * k, count + k
+        return total / count
+
+    # ------------------------------------------------------------------ loop
+    def fit(self) -> dict[str, Any]:
+        """Train to the end of the curriculum (or ``max_steps``); returns a summary."""
+        from tqdm import tqdm
+
+        total = self.total_steps if self.max_steps is None else min(self.total_steps, self.max_steps)
+        bar = tqdm(total=total, initial=self.step, disable=not self.progress, unit="step", dynamic_ncols=True)
+        val_losses: dict[str, float] = {}
+        try:
+            while self.step < total and not self.curriculum.done:
+                stage_before = self.curriculum.stage_idx
+                rec = self.train_step()
+                stage_done = self.curriculum.stage_idx != stage_before or self.curriculum.done
+                ev = self.tcfg.eval_every and self.step % self.tcfg.eval_every == 0
+                if stage_done or ev:
+                    w = self.tcfg.stages[rec["stage"]].window
+                    rec["val_loss"] = self.evaluate(w)
+                    rec["val_window"] = w
+                    rec.update(self.balance_record(with_load=True))
+                    if stage_done:
+                        val_losses[self.tcfg.stages[rec["stage"]].name] = rec["val_loss"]
+                if self.step % self.tcfg.log_every == 0 or "val_loss" in rec:
+                    self.log(rec)
+                bar.update(1)
+                bar.set_postfix(
+                    loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}", stage=rec["stage_name"]
+                )
+                if self.tcfg.ckpt_every and self.step % self.tcfg.ckpt_every == 0:
+                    self.save()
+        finally:
+            bar.close()
+        if not self.tcfg.ckpt_every or self.step % self.tcfg.ckpt_every:
+            self.save()
+        self.export(self.run_dir / "final")
+        return {"steps": self.step, "tokens": self.tokens, "val_loss_at_stage_end": val_losses}

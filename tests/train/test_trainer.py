@@ -1,0 +1,141 @@
+"""Trainer: schedule, param groups, learning, exact resume, plots, clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import small_train_config
+
+from longmoe.config import ConfigError
+from longmoe.data.corpus import DataError
+from longmoe.train.config import CurriculumStage, TrainConfig
+from longmoe.train.plots import read_metrics, render
+from longmoe.train.pretrain import Trainer, lr_at, param_groups
+
+
+def losses(run_dir):
+    return [(r["step"], r["loss"], r.get("val_loss")) for r in read_metrics(run_dir)]
+
+
+def test_lr_schedules():
+    cfg = TrainConfig(lr=1.0, min_lr_ratio=0.1, warmup_steps=10, schedule="cosine")
+    lrs = [lr_at(s, cfg, 100) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # monotone decay after warmup
+    assert lrs[-1] == pytest.approx(0.1, abs=1e-3)
+    wsd = TrainConfig(lr=1.0, min_lr_ratio=0.0, warmup_steps=0, schedule="wsd", wsd_decay_fraction=0.2)
+    w = [lr_at(s, wsd, 100) for s in range(101)]
+    assert (
+        w[50] == 1.0
+        and w[79] == 1.0
+        and w[90] == pytest.approx(0.5, abs=0.02)
+        and w[100] == pytest.approx(0.0, abs=1e-12)
+    )
+
+
+def test_no_weight_decay_on_norms_gates_biases(mcfg):
+    from longmoe.model import LongMoE
+
+    m = LongMoE(mcfg)
+    decay, no_decay = param_groups(m, 0.1)
+    names = {id(p): n for n, p in m.named_parameters()}
+    nd = {names[id(p)] for p in no_decay["params"]}
+    assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.1
+    assert "final_norm.weight" in nd and "blocks.0.mixer.A" in nd and "blocks.0.mixer.gate_up.bias" in nd
+    assert "blocks.0.mixer.gate_up.weight" in nd and "attn_res.queries" in nd
+    d = {names[id(p)] for p in decay["params"]}
+    assert "embed.weight" in d and "blocks.1.ffn.w_in" in d and "blocks.0.mixer.o_proj.weight" in d
+    assert len(d) + len(nd) == len(names)
+
+
+def test_twenty_steps_lower_the_loss(tmp_path, mcfg, tok):
+    stages = [CurriculumStage("a", window=64, tokens=64 * 4 * 20, batch_size=4)]
+    tcfg = TrainConfig(stages=stages, warmup_steps=2, eval_every=0, ckpt_every=0, lr=5e-3, val_windows=2)
+    tr = Trainer(tmp_path / "run", mcfg, tcfg, tok, progress=False)
+    before = tr.evaluate(64)
+    summary = tr.fit()
+    after = tr.evaluate(64)
+    assert summary["steps"] == 20
+    recs = read_metrics(tmp_path / "run")
+    first, last = recs[0]["loss"], sum(r["loss"] for r in recs[-3:]) / 3
+    assert last < first - 0.5, (first, last)
+    assert after < before - 0.5, (before, after)
+    assert all(math.isfinite(r["grad_norm"]) for r in recs)
+    assert {"max_vio", "dead_experts", "router_entropy", "tokens_per_s", "lr"} <= set(recs[0])
+
+
+def test_resume_reproduces_the_loss_sequence(tmp_path, mcfg, tcfg, tok):
+    Trainer(tmp_path / "full", mcfg, tcfg, tok, progress=False).fit()
+    Trainer(tmp_path / "cut", mcfg, tcfg, tok, progress=False, max_steps=4).fit()
+    assert len(read_metrics(tmp_path / "cut")) == 4
+    tr = Trainer(tmp_path / "cut", resume=True, progress=False)
+    assert tr.step == 4
+    tr.fit()
+    full, cut = losses(tmp_path / "full"), losses(tmp_path / "cut")
+    assert len(full) == tcfg.total_steps and full == cut  # bit-identical losses and val losses
+    last = f"checkpoints/step-{tcfg.total_steps:08d}/trainer_state.pt"
+    a = torch.load(tmp_path / "full" / last, weights_only=True)
+    b = torch.load(tmp_path / "cut" / last, weights_only=True)
+    assert a["curriculum"] == b["curriculum"] and a["tokens"] == b["tokens"]
+
+
+def test_checkpoint_contents_and_keep_last(tmp_path, mcfg, tok):
+    tcfg = small_train_config(ckpt_every=1, keep_last=2)
+    tr = Trainer(tmp_path / "r", mcfg, tcfg, tok, progress=False)
+    tr.fit()
+    n = tcfg.total_steps
+    ck = sorted(p.name for p in (tmp_path / "r/checkpoints").iterdir())
+    assert ck == [f"step-{n - 1:08d}", f"step-{n:08d}"]
+    st = torch.load(tmp_path / f"r/checkpoints/step-{n:08d}/trainer_state.pt", weights_only=True)
+    assert {"step", "tokens", "optimizer", "rng", "curriculum"} <= set(st)
+    assert st["curriculum"]["stage"] == 2  # curriculum finished: stage index past the last one
+    from safetensors.torch import load_file
+
+    w = load_file(str(tmp_path / f"r/checkpoints/step-{n:08d}/model.safetensors"))
+    # balancer state travels with the weights
+    assert torch.equal(w["blocks.1.ffn.bias"], tr.model.blocks[1].ffn.bias)
+    assert (tmp_path / "r/final/tokenizer.json").is_file()
+
+
+def test_plots_and_plot_command(tmp_path, mcfg, tcfg, tok):
+    from longmoe.cli import main
+
+    Trainer(tmp_path / "r", mcfg, tcfg, tok, progress=False, max_steps=3).fit()
+    files = render(tmp_path / "r")
+    assert {f.name for f in files} == {"loss.png", "balance.png"}
+    for f in files:
+        f.unlink()
+    assert main(["plot", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r/loss.png").stat().st_size > 10_000
+    assert main(["plot", str(tmp_path / "nope")]) == 2
+
+
+def test_vocab_too_small_for_tokenizer(tmp_path, mcfg, tcfg, tok):
+    with pytest.raises(ConfigError, match=r"vocab_size=300 is too small.*512"):
+        Trainer(tmp_path / "r", mcfg.replace(vocab_size=300), tcfg, tok, progress=False)
+
+
+def test_missing_and_empty_data(tmp_path, mcfg, tok):
+    tcfg = small_train_config(data=str(tmp_path / "missing"))
+    with pytest.raises(DataError, match="missing"):
+        Trainer(tmp_path / "r", mcfg, tcfg, tok, progress=False).fit()
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty/a.txt").write_text("")
+    tcfg = small_train_config(data=str(tmp_path / "empty"))
+    with pytest.raises(DataError, match="empty|no documents"):
+        Trainer(tmp_path / "r2", mcfg, tcfg, tok, progress=False).fit()
+
+
+def test_train_cli_errors(tmp_path, capsys):
+    from longmoe.cli import main
+
+    rc = main(["train", "--run-dir", str(tmp_path / "r"), "--data", str(tmp_path / "nope"), "--no-progress"])
+    assert rc == 2
+    assert "nope" in capsys.readouterr().err
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps({"lr": -1}))
+    assert main(["train", "--run-dir", str(tmp_path / "r"), "--train-config", str(bad)]) == 2
+    assert "lr" in capsys.readouterr().err
