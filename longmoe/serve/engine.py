@@ -20,11 +20,13 @@ tokens are the same alone or batched; sampling depends only on its own logits an
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
@@ -334,6 +336,8 @@ class Engine:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._loop, name="longmoe-engine", daemon=True)
             self._thread.start()
+            ref = weakref.ref(self)
+            atexit.register(lambda: (e := ref()) is not None and e.close())
 
     def _has_work(self) -> bool:
         return bool(self._incoming or self._waiting or self._prefilling or self._joining or self._batch_reqs)

@@ -1,0 +1,201 @@
+"""Engine: greedy == the model's full-forward argmax, chunked prefill exact at every chunk size,
+batched == solo (no cross-talk), seeds reproduce, stops cut, budget waits/rejects, cancel frees."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+import torch
+from conftest import MAX_CONTEXT, VOCAB
+
+from longmoe.serve.engine import Engine, EngineConfig, EngineError
+from longmoe.serve.sampling import SamplerState, SamplingError, SamplingParams, process_logits
+
+PROMPTS = ["import os", "class Foo(object):\n    def", "x = [1, 2, 3]\nfor", "def main(argv):\n    return"]
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    with Engine.from_dir(model_dir, chunk_size=8) as e:
+        yield e
+
+
+def argmax_loop(model, ids: list[int], n: int) -> list[int]:
+    """Reference: recompute the full forward over the whole sequence for every new token."""
+    x = torch.tensor([ids])
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            t = int(model(x).logits[0, -1].argmax())
+            out.append(t)
+            x = torch.cat([x, torch.tensor([[t]])], dim=1)
+    return out
+
+
+def test_greedy_equals_full_forward_argmax(engine):
+    for p in PROMPTS[:3]:
+        c = engine.generate(p, GREEDY)
+        ids = engine.encode_prompt(p)
+        assert c.token_ids == argmax_loop(engine.model, ids, GREEDY.max_tokens)
+        assert c.finish_reason == "length"
+        assert (c.prompt_tokens, c.completion_tokens) == (len(ids), GREEDY.max_tokens)
+    assert len({tuple(engine.generate(p, GREEDY).token_ids) for p in PROMPTS}) == len(PROMPTS)
+
+
+def test_chunked_prefill_chunk_sizes_identical(model_dir, engine):
+    prompt = "def parse(text):\n    for line in text.splitlines():\n        yield line.strip()\n"
+    ref = engine.generate(prompt, GREEDY).token_ids
+    assert len(engine.encode_prompt(prompt)) > 16
+    for cs in (1, 3, 16, 512):
+        with Engine.from_dir(model_dir, chunk_size=cs) as e:
+            assert e.generate(prompt, GREEDY).token_ids == ref, f"chunk_size={cs}"
+
+
+def test_batched_equals_solo_with_interleaved_prefill(engine):
+    prompts = PROMPTS + ["a" * 50, "while True:\n    pass  # " + "x" * 30]
+    params = [
+        GREEDY if i % 2 == 0 else SamplingParams(max_tokens=8 + i, temperature=0.9, top_k=40, seed=i)
+        for i in range(len(prompts))
+    ]
+    solo = [engine.generate(p, s).token_ids for p, s in zip(prompts, params, strict=True)]
+    batched = engine.generate_batch(prompts, params)
+    assert [c.token_ids for c in batched] == solo
+    assert engine.stats()["steps"] > 0
+
+
+def test_seed_reproduces_and_differs():
+    from conftest import tiny_model
+
+    from longmoe.data.tokenizer import tokenizer_for_tests
+
+    with Engine(tiny_model(), tokenizer_for_tests(VOCAB)) as e:
+        s = lambda seed: SamplingParams(
+            max_tokens=12, temperature=1.5, top_p=0.95, seed=seed, ignore_eos=True
+        )
+        a, b, c = (e.generate("hello", s(k)).token_ids for k in (7, 7, 8))
+        assert a == b
+        assert a != c
+
+
+def test_stop_strings_cut_and_stream_concatenates(engine):
+    full = engine.generate(PROMPTS[1], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    text = full.text
+    printable = [i for i in range(2, len(text) - 1) if text[i].isprintable() and text[i] != "\ufffd"]
+    assert printable, f"need a printable character in {text!r}"
+    i = printable[len(printable) // 2]
+    stop = text[i : i + 2] if text[i + 1] != "\ufffd" else text[i]
+    p = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, stop=[stop])
+    c = engine.generate(PROMPTS[1], p)
+    assert c.finish_reason == "stop"
+    assert c.text == text[: text.find(stop)]
+    assert stop not in c.text
+    assert "".join(engine.stream(PROMPTS[1], p)) == c.text
+
+
+def test_stop_token_ids_and_eos(engine):
+    full = engine.generate(PROMPTS[0], GREEDY)
+    t = full.token_ids[3]
+    p = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, stop_token_ids=[t])
+    c = engine.generate(PROMPTS[0], p)
+    k = full.token_ids.index(t)
+    assert c.finish_reason == "stop"
+    assert c.token_ids == full.token_ids[: k + 1]  # the stop token is counted, not shown
+    assert c.text == engine.tokenizer.decode(full.token_ids[:k], skip_special_tokens=True)
+
+
+def test_logprobs(engine):
+    p = SamplingParams(max_tokens=5, temperature=0.0, logprobs=True, top_logprobs=3)
+    c = engine.generate(PROMPTS[2], p)
+    ids = engine.encode_prompt(PROMPTS[2])
+    with torch.no_grad():
+        lp = torch.log_softmax(engine.model(torch.tensor([ids])).logits[0, -1].float(), -1)
+    assert len(c.logprobs) == c.completion_tokens == len(c.top_logprobs)
+    assert all(x <= 0 for x in c.logprobs)
+    assert c.logprobs[0] == pytest.approx(float(lp.max()), abs=1e-4)
+    assert c.top_logprobs[0][0][0] == c.token_ids[0]
+
+
+def test_request_validation(engine):
+    long_prompt = list(range(20, 20 + 50)) * (MAX_CONTEXT // 50 + 1)
+    with pytest.raises(EngineError, match="prompt: has .* context window"):
+        engine.generate(long_prompt, GREEDY)
+    with pytest.raises(EngineError, match="max_tokens: .*context window"):
+        engine.generate("hi", SamplingParams(max_tokens=MAX_CONTEXT))
+    with pytest.raises(EngineError, match="prompt: is empty"):
+        engine.generate([], GREEDY)
+    with pytest.raises(EngineError, match=r"prompt: token ids must be in \[0, 512\)"):
+        engine.generate([1, 99999], GREEDY)
+    for kw, field in [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"stop": [""]}, "stop"),
+        ({"max_tokens": "3"}, "max_tokens"),
+        ({"frequency_penalty": 3.0}, "frequency_penalty"),
+    ]:
+        with pytest.raises(SamplingError, match=f"^{field}:"):
+            SamplingParams(**kw)
+    with pytest.raises(ValueError, match="chunk_size"):
+        EngineConfig(chunk_size=0)
+
+
+def test_cache_budget_rejects_and_waits(model_dir):
+    probe = Engine.from_dir(model_dir)
+    spec = probe.spec
+    probe.close()
+    one = spec.bytes_for(64)  # room for one request of <= 64 tokens at a time
+    with Engine.from_dir(model_dir, cache_budget_bytes=one + spec.fixed // 2) as e:
+        with pytest.raises(EngineError, match="max_tokens: request needs .* cache budget"):
+            e.generate("hi", SamplingParams(max_tokens=200))
+        p = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+        solo = [e.generate(q, p).token_ids for q in PROMPTS[:3]]
+        handles = [e.submit(q, p) for q in PROMPTS[:3]]
+        time.sleep(0.05)
+        assert e.stats()["running"] <= 1  # the others wait for the budget
+        assert [h.result().token_ids for h in handles] == solo
+        assert e.budget.reserved_bytes == 0
+
+
+def test_cancel_frees_cache(engine):
+    h = engine.submit(PROMPTS[0], SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True))
+    for n, _ev in enumerate(h.events()):
+        if n == 3:
+            break
+    assert engine.stats()["cache_bytes_in_use"] > 0
+    h.cancel()
+    assert h.result().finish_reason == "cancelled"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (engine.stats()["running"] or engine.stats()["cache_bytes_in_use"]):
+        time.sleep(0.01)
+    s = engine.stats()
+    assert (s["running"], s["cache_bytes_in_use"], s["cache_bytes_reserved"]) == (0, 0, 0)
+
+
+def test_from_run_dir_and_missing(model_dir, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(model_dir, run / "final")
+    with Engine.from_dir(run) as e:
+        assert e.max_context == MAX_CONTEXT
+        assert e.tokenizer.vocab_size == VOCAB
+    with pytest.raises(FileNotFoundError, match="neither a model directory"):
+        Engine.from_dir(tmp_path)
+    with pytest.raises(TypeError, match="unknown options"):
+        Engine.from_dir(model_dir, chunk=3)
+
+
+def test_sampling_filters():
+    logits = torch.tensor([3.0, 1.0, 0.5, -1.0, 2.0])
+    st = lambda **kw: SamplerState(SamplingParams(**kw), [], 5, "cpu")
+    assert torch.isfinite(process_logits(logits, st(top_k=2))).sum() == 2
+    x = process_logits(logits, st(top_p=0.01))
+    assert torch.isfinite(x).tolist() == [True, False, False, False, False]  # nucleus keeps >= 1 token
+    s = SamplerState(SamplingParams(temperature=0.0, repetition_penalty=2.0), [0], 5, "cpu")
+    assert process_logits(logits, s).tolist()[0] == 1.5  # positive logit of a seen token halved
+    s = st(temperature=0.0, frequency_penalty=1.0)
+    s.observe(0)
+    s.observe(0)
+    assert process_logits(logits, s).tolist()[0] == 1.0
