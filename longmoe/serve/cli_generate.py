@@ -1,0 +1,100 @@
+"""``longmoe generate --model DIR "prompt"``: stream a completion to the terminal.
+
+Also home of the options every serving command shares (engine knobs and sampling flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from longmoe.serve.sampling import SamplingError, SamplingParams
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory, or a training run directory")
+    p.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
+    p.add_argument("--chunk-size", type=int, default=512, help="prompt tokens per prefill step (default 512)")
+    p.add_argument("--max-batch", type=int, default=32, help="requests decoded together (default 32)")
+    p.add_argument(
+        "--cache-budget-mb", type=float, default=1024.0, help="cache memory for all requests, MiB (1024)"
+    )
+
+
+def engine_from_args(args: argparse.Namespace):
+    from longmoe.serve.engine import Engine
+
+    return Engine.from_dir(
+        args.model,
+        device=args.device,
+        chunk_size=args.chunk_size,
+        max_batch=args.max_batch,
+        cache_budget_bytes=int(args.cache_budget_mb * 2**20),
+    )
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
+    p.add_argument("--max-tokens", type=int, default=max_tokens, help=f"tokens to generate ({max_tokens})")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (1 = off; 0.95)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1.0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI frequency penalty (0)")
+    p.add_argument("--seed", type=int, default=None, help="RNG seed: same seed, same output")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def params_from_args(args: argparse.Namespace, **extra) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        frequency_penalty=args.frequency_penalty,
+        seed=args.seed,
+        stop=list(args.stop),
+        **extra,
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_arguments(parser)
+    parser.add_argument("prompt", nargs="?", default="-", help='prompt text ("-" or omitted: read stdin)')
+    add_sampling_arguments(parser)
+    parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-text token")
+    parser.add_argument("--stats", action="store_true", help="print token counts and speed to stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    from longmoe.serve.engine import EngineError
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    try:
+        params = params_from_args(args, ignore_eos=args.ignore_eos)
+        engine = engine_from_args(args)
+    except (SamplingError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with engine:
+        t0 = time.perf_counter()
+        try:
+            h = engine.submit(prompt, params)
+        except EngineError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for ev in h.events():
+            if ev.delta:
+                sys.stdout.write(ev.delta)
+                sys.stdout.flush()
+        c = h.completion
+        sys.stdout.write("\n")
+        if args.stats and c is not None:
+            dt = time.perf_counter() - t0
+            print(
+                f"[{c.prompt_tokens} prompt + {c.completion_tokens} generated tokens in {dt:.2f}s, "
+                f"{c.completion_tokens / dt:.1f} tok/s, finish_reason={c.finish_reason}]",
+                file=sys.stderr,
+            )
+        return 1 if c is not None and c.finish_reason == "error" else 0
