@@ -1,0 +1,1 @@
+"""Recipes: end-to-end experiments runnable as ``python -m longmoe.recipes.<name>``."""

@@ -1,0 +1,97 @@
+"""``python -m longmoe.recipes.longctx_tiny``: train L / M / LLLM at equal size and tokens, eval long."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from longmoe.recipes.longctx_tiny import (
+    CONFIG_FILE,
+    RecipeConfig,
+    compare,
+    eval_one,
+    model_config,
+    n_params,
+    train_one,
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m longmoe.recipes.longctx_tiny", description=__doc__)
+    p.add_argument(
+        "--config", type=Path, default=CONFIG_FILE, help="recipe settings (default: config.json here)"
+    )
+    p.add_argument("--out", type=Path, default=Path("runs/longctx_tiny"), help="output directory")
+    p.add_argument("--tokens", type=int, help="training tokens per pattern (overrides the config)")
+    p.add_argument("--window", type=int, help="training window in tokens (overrides the config)")
+    p.add_argument("--patterns", help="comma-separated layer patterns, e.g. L,M,LLLM (overrides the config)")
+    p.add_argument("--eval-n", type=int, help="items per task x length x depth cell (overrides the config)")
+    p.add_argument("--eval-multiples", help="eval lengths as multiples of the window, e.g. 1,2,4,8")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--skip-eval", action="store_true", help="train only")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from longmoe.data.tokenizer import Tokenizer
+    from longmoe.train.pretrain import train_tokenizer
+
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        rc = RecipeConfig.load(
+            args.config,
+            tokens=args.tokens,
+            window=args.window,
+            eval_n=args.eval_n,
+            patterns=args.patterns.split(",") if args.patterns else None,
+            eval_multiples=[int(x) for x in args.eval_multiples.split(",")] if args.eval_multiples else None,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        print(f"longctx_tiny: error: {e}", file=sys.stderr)
+        return 2
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe_config.json").write_text(json.dumps(rc.__dict__, indent=2) + "\n")
+    tok_file = out / "tokenizer.json"
+    if tok_file.is_file():
+        tok = Tokenizer.from_file(tok_file)
+    else:
+        print(f"training a {rc.tokenizer_vocab}-token BPE on {rc.tokenizer_chars:,} characters of the corpus")
+        tok = train_tokenizer(rc.tokenizer_vocab, max_chars=rc.tokenizer_chars)
+        tok.save(tok_file)
+    target = n_params(model_config(rc, rc.reference_pattern))
+    cfgs = {p: model_config(rc, p, target) for p in rc.patterns}
+    for p, c in cfgs.items():
+        n = n_params(c)
+        rel = (n - target) / target
+        print(
+            f"pattern {p}: {n:,} parameters ({rel:+.3%} vs {rc.reference_pattern}), "
+            f"dense_hidden {c.ffn.dense_hidden}"
+        )
+    trained, evals = {}, {}
+    for p, cfg in cfgs.items():
+        run_dir = out / f"pattern-{p}"
+        t0 = time.time()
+        trained[p] = train_one(rc, cfg, tok, run_dir, progress=not args.no_progress)
+        print(
+            f"pattern {p}: trained {trained[p].get('tokens', 0):,} tokens ({time.time() - t0:.0f} s this run)"
+        )
+        if not args.skip_eval:
+            t0 = time.time()
+            evals[p] = eval_one(rc, run_dir, progress=not args.no_progress)
+            print(f"pattern {p}: evaluated in {time.time() - t0:.0f} s")
+    if evals:
+        print(compare(rc, out, trained, evals))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""longctx_tiny recipe pieces: equal parameter counts, synthetic document lengths, config checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from longmoe.data import mix
+from longmoe.data.tokenizer import tokenizer_for_tests
+from longmoe.recipes.longctx_tiny import (
+    RecipeConfig,
+    model_config,
+    n_params,
+    train_config,
+    varied_synthetic_lengths,
+)
+
+
+def test_patterns_have_equal_parameter_counts():
+    rc = RecipeConfig()
+    target = n_params(model_config(rc, "LLLM"))
+    for p in ("L", "M", "LLLM"):
+        cfg = model_config(rc, p, target)
+        assert cfg.layer_types == [p[i % len(p)] for i in range(cfg.n_layers)]
+        assert abs(n_params(cfg) - target) <= 0.002 * target, p
+        assert cfg.max_seq_len == rc.window
+    assert n_params(model_config(rc, "M")) != target, "without matching the sizes differ"
+
+
+def test_synthetic_documents_fit_the_window():
+    tok = tokenizer_for_tests(512)
+    original = mix.SyntheticSource
+    with varied_synthetic_lengths(0.4, 0.9):
+        src = mix.make_source("synthetic", "train", 0, tok, synthetic_length=768)
+        lens = [len(tok.encode(src.next().text)) + 2 for _ in range(8)]  # + bos, eos
+    assert mix.SyntheticSource is original, "the patch is undone"
+    assert all(lens) and max(lens) < 768 and min(lens) >= 0.35 * 768, lens
+    assert len(set(lens)) > 3, "lengths vary"
+
+
+def test_recipe_config_validation_and_train_config():
+    with pytest.raises(ValueError, match="patterns"):
+        RecipeConfig(patterns=["LX"])
+    with pytest.raises(ValueError, match="synthetic_length"):
+        RecipeConfig(synthetic_length=[0.5, 1.2])
+    with pytest.raises(ValueError, match="unknown recipe settings"):
+        RecipeConfig.load(bogus=1)
+    rc = RecipeConfig.load(tokens=8192)
+    tc = train_config(rc)
+    (stage,) = tc.stages
+    assert stage.window == rc.window and stage.tokens == 8192
+    assert stage.mix == {"file": 0.5, "synthetic": 0.5}
