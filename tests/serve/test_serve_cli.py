@@ -1,0 +1,87 @@
+"""CLI: ``longmoe generate`` streams the engine's output, ``longmoe chat`` runs from stdin,
+``longmoe serve`` honours ``LONGMOE_API_KEY``; every option has a help string."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from longmoe.cli import build_parser, main
+from longmoe.serve.engine import Engine
+from longmoe.serve.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    with Engine.from_dir(model_dir) as e:
+        yield e
+
+
+def test_generate_streams_greedy_output(model_dir, engine, capsys):
+    args = ["--temperature", "0", "--max-tokens", "6"]
+    rc = main(["generate", "--model", str(model_dir), "def foo(x):", *args])
+    assert rc == 0
+    ref = engine.generate("def foo(x):", SamplingParams(max_tokens=6, temperature=0.0))
+    assert capsys.readouterr().out == ref.text + "\n"
+
+
+def test_generate_bad_input(model_dir, tmp_path, capsys):
+    assert main(["generate", "--model", str(model_dir), "x", "--top-p", "2"]) == 2
+    assert "top_p" in capsys.readouterr().err
+    assert main(["generate", "--model", str(tmp_path / "missing"), "x"]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_chat_repl_from_stdin(model_dir, engine, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n/reset\nhello\n/exit\nnever read\n"))
+    rc = main(["chat", "--model", str(model_dir), "--temperature", "0", "--max-tokens", "8"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    ids = engine.encode_chat([{"role": "user", "content": "hello"}])
+    reply = engine.generate(ids, SamplingParams(max_tokens=8, temperature=0.0)).text
+    assert out.count("assistant> ") == 2
+    assert "[history cleared]" in out
+    assert out.count(f"assistant> {reply}\n") == 2  # after /reset the same first turn again
+
+
+def test_every_option_has_help():
+    for cmd in ("generate", "chat", "serve"):
+        p = build_parser(cmd)
+        sub = next(a for a in p._actions if a.dest == "command").choices[cmd]
+        missing = [a.dest for a in sub._actions if not a.help]
+        assert not missing, f"{cmd}: options without help: {missing}"
+
+
+def test_serve_command_with_env_api_key(model_dir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "LONGMOE_API_KEY": "sekret"}
+    cmd = [sys.executable, "-m", "longmoe", "serve", "--model", str(model_dir), "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
+        assert httpx.get(url + "/v1/models").status_code == 401
+        r = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer sekret"})
+        assert r.status_code == 200
+        assert r.json()["data"][0]["id"] == model_dir.name
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
