@@ -127,3 +127,16 @@ def markdown_ppl(res: dict[str, Any]) -> str:
         lines.append(f"| {b['start']}-{b['end']}{mark} | {b['loss']:.3f} | {b['ppl']:.1f} |")
     lines += ["", f"inside window: {res['inside']:.3f}, beyond: {res['beyond']:.3f}"]
     return "\n".join(lines) + "\n"
+
+
+@torch.no_grad()
+def answer_loss(model: Any, tokenizer: Any, prompt: str, answer: str, chunk: int = DEFAULT_CHUNK) -> float:
+    """Mean next-token loss of the answer tokens given the prompt (teacher forcing).
+
+    A graded signal where generation accuracy is all zeros (small or briefly trained models): it
+    falls as soon as the model starts to use the context, long before greedy answers are exact.
+    """
+    p_ids = tokenizer.encode(prompt, bos=True)
+    a_ids = tokenizer.encode(" " + answer)
+    losses = position_losses(model, p_ids + a_ids, chunk)  # [len - 1]
+    return float(losses[len(p_ids) - 1 :].mean())

@@ -100,3 +100,17 @@ def test_cli_local_model_with_ppl(model_dir, tmp_path):
     assert ppl["window"] == 512 and ppl["max_len"] == 1024
     for name in ("heatmap_niah.png", "heatmap_multihop.png", "accuracy_vs_length.png", "ppl_by_position.png"):
         assert (out / "plots" / name).stat().st_size > 2000
+
+
+def test_answer_loss_is_the_loss_of_the_answer_tokens(model_dir):
+    from longmoe.eval.ppl import answer_loss
+
+    model = LongMoE.from_pretrained(model_dir).eval()
+    tok = tokenizer_for_tests(512)
+    item = generate("niah_single", 1, 256, seed=3, tokenizer=tok)[0]
+    p_ids = tok.encode(item.prompt(), bos=True)
+    a_ids = tok.encode(" " + item.answer_text())
+    with torch.no_grad():
+        logits = model(torch.tensor([p_ids + a_ids])).logits[0].float()
+    ref = torch.nn.functional.cross_entropy(logits[len(p_ids) - 1 : -1], torch.tensor(a_ids))
+    assert answer_loss(model, tok, item.prompt(), item.answer_text()) == pytest.approx(float(ref), abs=1e-4)

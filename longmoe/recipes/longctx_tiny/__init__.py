@@ -216,14 +216,36 @@ def eval_one(rc: RecipeConfig, run_dir: Path, progress: bool = True) -> dict[str
     runner.run_grid(client, grid, out, client.tokenizer, batch_size=8, progress=progress)
     client.close()
     summary = runner.write_summary(out)
-    ppl_file = out / "ppl.json"
-    if not ppl_file.is_file():
+    ppl_file, nll_file = out / "ppl.json", out / "answer_nll.json"
+    if not ppl_file.is_file() or not nll_file.is_file():
         model, tok, _ = load_model_dir(run_dir)
         with torch.no_grad():
             res = ppl_by_position(model, tok, max(lengths), rc.window, rc.ppl_docs, bucket=rc.window // 4)
-        ppl_file.write_text(json.dumps(res, indent=2) + "\n")
+            ppl_file.write_text(json.dumps(res, indent=2) + "\n")
+            nll_file.write_text(json.dumps(answer_nll_table(model, tok, grid), indent=2) + "\n")
     plot_run(out)
-    return {"summary": summary, "ppl": json.loads(ppl_file.read_text())}
+    return {
+        "summary": summary,
+        "ppl": json.loads(ppl_file.read_text()),
+        "answer_nll": json.loads(nll_file.read_text()),
+    }
+
+
+def answer_nll_table(model: Any, tok: Any, grid: list[Any]) -> list[dict[str, Any]]:
+    """Mean teacher-forced answer loss per (task, variant, length) over the grid's items."""
+    from collections import defaultdict
+
+    from longmoe.eval.ppl import answer_loss
+
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for g in grid:
+        nll = answer_loss(model, tok, g.item.prompt(), g.item.answer_text())
+        groups[(g.task, g.item.metadata["variant"], g.length)].append(nll)
+        groups[(g.task, "*", g.length)].append(nll)
+    return [
+        {"task": t, "variant": v, "length": n, "n": len(xs), "answer_nll": sum(xs) / len(xs)}
+        for (t, v, n), xs in sorted(groups.items())
+    ]
 
 
 # ---------------------------------------------------------------------- comparison
@@ -279,6 +301,21 @@ def compare(rc: RecipeConfig, out: Path, trained: dict[str, dict], evals: dict[s
         for p in pats:
             s = evals[p]["summary"]
             lines.append(f"| {p} | {task} | " + " | ".join(_f(_acc(s, task, n)) for n in lengths) + " |")
+    lines += [
+        "",
+        "Answer loss (teacher-forced mean next-token loss of the answer given the prompt; lower = better)",
+        "",
+    ]
+    lines.append("| pattern | task | " + " | ".join(f"{n // W}x ({n})" for n in lengths) + " |")
+    lines.append("|---|---|" + "---|" * len(lengths))
+    for task in rc.eval_tasks:
+        for p in pats:
+            nll = {
+                r["length"]: r["answer_nll"]
+                for r in evals[p].get("answer_nll", [])
+                if r["task"] == task and r["variant"] == "*"
+            }
+            lines.append(f"| {p} | {task} | " + " | ".join(_f(nll.get(n), 3) for n in lengths) + " |")
     lines += ["", "Loss by position (validation files, up to the largest eval length)", ""]
     lines += [
         "| pattern | loss inside window | loss at end of window | loss beyond | beyond / end |",
@@ -322,6 +359,8 @@ def expected_checks(
         a = _variant_acc(evals[h]["summary"], "niah", "multikey", lengths)
         b = _variant_acc(evals[l_]["summary"], "niah", "multikey", lengths)
         out.append(_check(f"{h} beats {l_} on multi-key retrieval (niah multikey, all lengths)", a, b, True))
+        na, nb = (_nll(evals[p], "niah", "multikey", lengths) for p in (h, l_))
+        out.append(_check(f"{h} has lower multi-key answer loss than {l_} (all lengths)", na, nb, False))
     if h in evals and m in evals and beyond:
 
         def mean_beyond(p: str) -> float:
@@ -346,6 +385,15 @@ def expected_checks(
             )
         )
     return out
+
+
+def _nll(ev: dict[str, Any], task: str, variant: str, lengths: list[int]) -> float:
+    xs = [
+        r["answer_nll"]
+        for r in ev.get("answer_nll", [])
+        if r["task"] == task and r["variant"] == variant and r["length"] in lengths
+    ]
+    return sum(xs) / len(xs) if xs else math.nan
 
 
 def _check(claim: str, a: float, b: float, higher_is_better: bool) -> dict[str, Any]:
