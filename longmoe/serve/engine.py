@@ -8,9 +8,9 @@ One background thread owns the model and runs scheduler steps while there is wor
 3. runs **one batched decode step** for every request that is generating: the rows live in one
    batched ``Cache`` (rows of different lengths; MLA rows are masked to their own length), one
    forward of ``[B, 1]`` tokens, then per-row sampling with each request's own RNG;
-4. feeds **one prefill chunk** (``chunk_size`` prompt tokens, taken from the oldest prefilling
-   requests) into those requests' own single-row caches, so a long prompt advances a slice per step
-   while the other requests keep decoding between its slices;
+4. feeds **one prefill chunk** (about ``chunk_size`` prompt tokens, shared as a ``[k, L]`` batch by
+   the oldest prefilling requests) into those requests' own caches, so a long prompt advances a
+   slice per step while the other requests keep decoding between its slices;
 5. changes the batch membership: finished rows leave (``take_rows``), requests whose prefill just
    ended join (``Cache.stack``). Membership only changes here, between steps.
 
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 _TPS_WINDOW_S = 10.0
+_MIN_PREFILL_ROW = 16  # fewest prompt tokens per row when prefill chunks are shared by several requests
 
 
 class EngineError(ValueError):
@@ -413,18 +414,32 @@ class Engine:
             self._prefilling.append(r)
 
     def _prefill_step(self) -> int:
-        """Feed up to ``chunk_size`` prompt tokens, oldest prefilling requests first."""
-        budget, produced = self.cfg.chunk_size, 0
-        while budget > 0 and self._prefilling:
-            r = self._prefilling[0]
-            n = min(budget, len(r.prompt_ids) - r.n_fed)
-            x = torch.tensor([r.prompt_ids[r.n_fed : r.n_fed + n]], dtype=torch.long, device=self.device)
-            logits = self.model(x, cache=r.cache).logits  # [1, n, V]
-            r.n_fed += n
-            budget -= n
+        """Feed one chunk of about ``chunk_size`` prompt tokens in one forward call.
+
+        The oldest prefilling requests form a group of ``k`` rows that each get the same number
+        ``L = min(shortest remaining prompt, chunk_size // k)`` of new tokens, so the chunk is a
+        dense ``[k, L]`` batch (rows may have different cached lengths; the cache masks per row).
+        Any split of a prompt gives the same logits, so the grouping never changes an output.
+        """
+        cs = self.cfg.chunk_size
+        group = self._prefilling[: max(1, cs // _MIN_PREFILL_ROW)]
+        L = min(min(len(r.prompt_ids) - r.n_fed for r in group), max(1, cs // len(group)))
+        x = torch.tensor(
+            [r.prompt_ids[r.n_fed : r.n_fed + L] for r in group], dtype=torch.long, device=self.device
+        )  # [k, L]
+        if len(group) == 1:
+            logits = self.model(x, cache=group[0].cache).logits[:, -1]  # [1, V]
+        else:
+            cache = Cache.stack([r.cache for r in group])  # type: ignore[misc]
+            logits = self.model(x, cache=cache).logits[:, -1]  # [k, V]
+            for r, c in zip(group, cache.split(), strict=True):
+                r.cache = c
+        produced = 0
+        for i, r in enumerate(group):
+            r.n_fed += L
             if r.n_fed == len(r.prompt_ids):
-                self._prefilling.pop(0)
-                self._accept(r, self._choose(r, logits[0, -1]))
+                self._prefilling.remove(r)
+                self._accept(r, self._choose(r, logits[i]))
                 produced += 1
                 if r.finish is None:
                     self._joining.append(r)

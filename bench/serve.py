@@ -1,0 +1,214 @@
+"""Serving benchmark: decode cost vs context, chunked-prefill speed, batched throughput.
+
+Models (random weights, fp32, CPU): the ``tiny`` preset's shapes (hidden 128, 8 layers, 2 heads x 32,
+MLA q-rank 64 / kv-rank 32, 8 experts top-2 of width 64 + 1 shared, first layer dense 256, vocab
+2048; ``latent_ratio=1`` so the experts match the peer's) as
+
+- the **hybrid** ``LLLM`` (6 KDA + 2 MLA layers), served by the engine;
+- a **pure-MLA** pattern ``M`` (8 MLA layers), same shapes, served by the engine;
+- ``transformers``' ``KimiLinearForCausalLM`` with the same shapes (KDA layers 1-3, 5-7, MLA 4, 8),
+  timed inside its own ``generate`` (a logits processor stamps every generated token).
+
+Measured in the same run: decode ms/token after a prompt of 1K, 4K, 16K, 32K tokens (median gap
+between consecutive tokens); prefill tokens/s of an 8K prompt by engine chunk size; generated
+tokens/s with 1, 8 and 32 concurrent requests (continuous batching).
+
+    python bench/serve.py            # full sizes (several minutes on 2 shared cores)
+    python bench/serve.py --quick    # contexts 512/2048, small prompts (about a minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import markdown_table, write_results  # noqa: E402
+from longmoe.config import ModelConfig, preset  # noqa: E402
+from longmoe.model import LongMoE  # noqa: E402
+from longmoe.serve.engine import Engine, EngineConfig  # noqa: E402
+from longmoe.serve.sampling import SamplingParams  # noqa: E402
+
+MAX_CTX = 1 << 16
+
+
+def hybrid_config(pattern: str = "LLLM") -> ModelConfig:
+    cfg = preset("tiny")
+    ffn = cfg.ffn.__class__(**{**cfg.ffn.__dict__, "latent_ratio": 1})
+    return cfg.replace(layer_pattern=pattern, max_seq_len=MAX_CTX, ffn=ffn)
+
+
+def peer_model(cfg: ModelConfig):
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    kinds = cfg.layer_types
+    c = KimiLinearConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.ffn.dense_hidden,
+        moe_intermediate_size=cfg.ffn.expert_hidden,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.mla_heads,
+        num_key_value_heads=cfg.mla_heads,
+        kv_lora_rank=cfg.mla_kv_lora_rank,
+        q_lora_rank=cfg.mla_q_lora_rank,
+        qk_rope_head_dim=0,
+        qk_nope_head_dim=cfg.mla_head_dim,
+        v_head_dim=cfg.mla_v_head_dim,
+        num_experts_per_tok=cfg.ffn.top_k,
+        num_experts=cfg.ffn.n_experts,
+        n_shared_experts=cfg.ffn.n_shared,
+        first_k_dense_replace=cfg.ffn.first_k_dense,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=None,
+        tie_word_embeddings=cfg.tie_embeddings,
+        max_position_embeddings=MAX_CTX,
+        linear_attn_config={
+            "kda_layers": [i + 1 for i, k in enumerate(kinds) if k == "L"],
+            "full_attn_layers": [i + 1 for i, k in enumerate(kinds) if k == "M"],
+            "head_dim": cfg.kda_head_dim,
+            "num_heads": cfg.kda_heads,
+            "short_conv_kernel_size": cfg.kda_conv_size,
+        },
+    )
+    c._attn_implementation = "sdpa"
+    return KimiLinearForCausalLM(c).eval()
+
+
+def make_engine(cfg: ModelConfig, **kw) -> Engine:
+    from longmoe.data.tokenizer import tokenizer_for_tests
+
+    torch.manual_seed(0)
+    opts = {"cache_budget_bytes": 8 << 30, "chunk_size": 2048, **kw}
+    return Engine(LongMoE(cfg), tokenizer_for_tests(512), EngineConfig(**opts))
+
+
+def rand_ids(n: int, vocab: int, seed: int) -> list[int]:
+    return torch.randint(20, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def engine_decode(engine: Engine, ctx: int, n: int) -> tuple[float, float]:
+    """(decode ms/token, prefill s) for a prompt of ``ctx`` tokens: gaps between streamed tokens."""
+    params = SamplingParams(max_tokens=n + 1, temperature=0.0, ignore_eos=True)
+    t0 = time.perf_counter()
+    h = engine.submit(rand_ids(ctx, engine.vocab_size, ctx), params)
+    stamps = [time.perf_counter() for _ in h.events()]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return statistics.median(gaps) * 1e3, stamps[0] - t0
+
+
+def peer_decode(peer, ctx: int, n: int, vocab: int) -> tuple[float, float]:
+    """The same for ``transformers`` ``generate`` (greedy), stamping each generated token."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    stamps: list[float] = []
+
+    class Stamp(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            stamps.append(time.perf_counter())
+            return scores
+
+    x = torch.tensor([rand_ids(ctx, vocab, ctx)])
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        peer.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=n + 1,
+            min_new_tokens=n + 1,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([Stamp()]),
+        )
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return statistics.median(gaps) * 1e3, stamps[0] - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
+    ap.add_argument("--no-peer", action="store_true", help="skip the transformers model")
+    ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README table")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    ctxs = [512, 2048] if args.quick else [1024, 4096, 16384, 32768]
+    n_dec = 8 if args.quick else 16
+    prefill_T = 2048 if args.quick else 8192
+    chunks = [128, 512, 2048] if args.quick else [128, 512, 2048, 8192]
+    conc, conc_tokens = [1, 8, 32], 16 if args.quick else 64
+    cfg = hybrid_config()
+    results: dict = {"decode": [], "prefill": [], "throughput": []}
+    rows = []
+
+    with torch.inference_mode():
+        hybrid, mla = make_engine(cfg), make_engine(hybrid_config("M"))
+        peer = None if args.no_peer else peer_model(cfg)
+        for ctx in ctxs:
+            a, pa = engine_decode(hybrid, ctx, n_dec)
+            b, pb = engine_decode(mla, ctx, n_dec)
+            c, pc = peer_decode(peer, ctx, n_dec, cfg.vocab_size) if peer is not None else (float("nan"),) * 2
+            results["decode"].append(
+                {"context": ctx, "hybrid_ms": a, "pure_mla_ms": b, "peer_ms": c,
+                 "prefill_s": {"hybrid": pa, "pure_mla": pb, "peer": pc}}
+            )  # fmt: skip
+            rows.append([f"decode ms/token @ ctx {ctx}", a, b, c])
+            print(rows[-1], flush=True)
+        d = results["decode"]
+        ratio = [d[-1][k] / d[0][k] for k in ("hybrid_ms", "pure_mla_ms", "peer_ms")]
+        results["decode_ratio_last_first"] = dict(zip(("hybrid", "pure_mla", "peer"), ratio, strict=True))
+        rows.append([f"decode ratio ctx {ctxs[-1]} / {ctxs[0]} (target hybrid <= 1.3)", *ratio])
+        mla.close()
+
+        prompt = rand_ids(prefill_T, cfg.vocab_size, 1)
+        one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        for cs in chunks:
+            with make_engine(cfg, chunk_size=cs) as e:
+                e.generate(prompt[:256], one)  # warm-up
+                t0 = time.perf_counter()
+                e.generate(prompt, one)
+                tps = prefill_T / (time.perf_counter() - t0)
+            results["prefill"].append({"chunk_size": cs, "prompt": prefill_T, "tok_s": tps})
+            rows.append([f"prefill tok/s, {prefill_T}-token prompt, chunk {cs}", tps, "", ""])
+            print(rows[-1], flush=True)
+
+        p = SamplingParams(max_tokens=conc_tokens, temperature=0.0, ignore_eos=True)
+        hybrid.generate(rand_ids(32, cfg.vocab_size, 0), p)  # warm-up
+        for n in conc:
+            ps = [rand_ids(32, cfg.vocab_size, 100 + i) for i in range(n)]
+            t0 = time.perf_counter()
+            hybrid.generate_batch(ps, p)
+            tps = n * conc_tokens / (time.perf_counter() - t0)
+            results["throughput"].append({"concurrent": n, "tok_s": tps})
+            rows.append([f"throughput tok/s, {n} concurrent x {conc_tokens} tokens", tps, "", ""])
+            print(rows[-1], flush=True)
+        hybrid.close()
+    t = results["throughput"]
+    results["throughput_ratio_32_vs_1"] = t[-1]["tok_s"] / t[0]["tok_s"]
+    rows.append(["throughput ratio 32 / 1 (target >= 8)", results["throughput_ratio_32_vs_1"], "", ""])
+
+    header = ["measurement", "hybrid LLLM (engine)", "pure MLA (engine)", "transformers KimiLinear generate"]
+    table = markdown_table(header, rows)
+    table += (
+        f"\n\nCPU, fp32, {torch.get_num_threads()} thread(s), shared machine; tiny-preset shapes, random "
+        f"weights; decode = median gap between streamed tokens over {n_dec} tokens after the prompt."
+    )
+    name = "serve_quick" if args.quick else "serve"
+    write_results(
+        name, {"config": cfg.to_dict(), **results}, table, update_readme=not (args.no_readme or args.quick)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
