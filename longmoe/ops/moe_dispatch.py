@@ -148,6 +148,7 @@ class Layout:
 
 GATHER_ROWS = 32  # cost of one gathered expert in a tier > 1 (weight copy + grad add), in padded rows
 MAX_TIERS = 4
+MAX_GRID = 48  # candidate tier boundaries considered by choose_tiers
 
 
 def _round_up(n: int) -> int:
@@ -163,7 +164,10 @@ def choose_tiers(counts: torch.Tensor) -> list[int]:
     """
     E = counts.numel()
     top = _round_up(int(counts.max()) if E else 0)
-    grid = list(range(0, top + 1, PAD_MULTIPLE))
+    # the DP is O(len(grid)²) in Python: with few, large experts (E = 8, thousands of rows each) a
+    # coarser grid keeps it at ~MAX_GRID points; the padding it may add is < 1/MAX_GRID of the rows
+    step = PAD_MULTIPLE * max(1, -(-top // (PAD_MULTIPLE * MAX_GRID)))
+    grid = list(range(0, top, step)) + [top]
     c = torch.sort(counts).values
     n_above = [E] + [int(E - torch.searchsorted(c, t, right=True)) for t in grid[1:]]
     inf = float("inf")
