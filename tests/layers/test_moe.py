@@ -142,3 +142,29 @@ def test_bf16_forward_keeps_dtype():
     yb = layer.to(torch.bfloat16)(x.bfloat16())
     assert yb.dtype == torch.bfloat16 and yb.shape == x.shape
     assert (yb.float() - y32).abs().max() < 0.05 * y32.abs().max() + 1e-3
+
+
+def test_balancer_state_survives_model_save_and_load(tmp_path):
+    """Bias, load window, ring position and step counters go into the model checkpoint and come back."""
+    from longmoe.config import ModelConfig
+    from longmoe.model import LongMoE
+
+    ffn = _cfg(n_experts=8, top_k=2, first_k_dense=0)
+    cfg = ModelConfig(
+        vocab_size=64, d_model=32, n_layers=2, layer_pattern="LM", kda_heads=2, kda_head_dim=16,
+        kda_gate_rank=4, mla_heads=2, mla_q_lora_rank=16, mla_kv_lora_rank=8, mla_head_dim=16,
+        mla_v_head_dim=16, attn_res_blocks=2, ffn=ffn,
+    )  # fmt: skip
+    torch.manual_seed(3)
+    model = LongMoE(cfg).train()
+    for _ in range(3):
+        model(torch.randint(0, 64, (1, 24)))
+        for m in model.moe_layers():
+            m.update_balance()
+    moe = model.moe_layers()
+    assert len(moe) == 2 and all(float(m.bias.abs().sum()) > 0 for m in moe)
+    loaded = LongMoE.from_pretrained(model.save_pretrained(tmp_path / "ckpt"))
+    for a, b in zip(moe, loaded.moe_layers()):
+        for key in ("bias", "load_window", "window_pos", "balance_steps", "last_entropy"):
+            torch.testing.assert_close(getattr(b, key), getattr(a, key), msg=key)
+        assert b.balance_metrics() == a.balance_metrics()
