@@ -271,7 +271,10 @@ def _f(x: Any, nd: int = 2) -> str:
 
 def compare(rc: RecipeConfig, out: Path, trained: dict[str, dict], evals: dict[str, dict]) -> str:
     """Markdown report + ``results.json`` + comparison plots for all patterns."""
+    from collections import Counter
+
     from longmoe.eval.plots import accuracy_vs_length, ppl_curve
+    from longmoe.eval.runner import RESULTS_FILE, read_results
 
     W = rc.window
     lengths = [m * W for m in rc.eval_multiples]
@@ -326,6 +329,14 @@ def compare(rc: RecipeConfig, out: Path, trained: dict[str, dict], evals: dict[s
         lines.append(
             f"| {p} | {_f(r['inside'], 3)} | {_f(r['end_of_window'], 3)} | {_f(r['beyond'], 3)} "
             f"| {_f(r['beyond_over_end'], 3)} |"
+        )
+    lines += ["", "What the models generate (greedy, first line after `Answer:`)", ""]
+    lines += ["| pattern | items | empty answers | most common answer |", "|---|---|---|---|"]
+    for p in pats:
+        preds = [r["prediction"].strip() for r in read_results(out / f"pattern-{p}" / "eval" / RESULTS_FILE)]
+        common = Counter(preds).most_common(1)[0] if preds else ("", 0)
+        lines.append(
+            f"| {p} | {len(preds)} | {sum(not x for x in preds)} | `{common[0][:40]}` ({common[1]}) |"
         )
     checks = expected_checks(rc, evals, lengths, beyond)
     lines += ["", "Expected outcomes, checked against the numbers above", ""]
