@@ -175,6 +175,20 @@ def test_cancel_frees_cache(engine):
     assert (s["running"], s["cache_bytes_in_use"], s["cache_bytes_reserved"]) == (0, 0, 0)
 
 
+def test_from_run_dir_picks_newest_complete_checkpoint(model_dir, tmp_path):
+    from conftest import tiny_model
+
+    from longmoe.train.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    tok = model_dir / "tokenizer.json"
+    save_checkpoint(run, 1, tiny_model(seed=0), tok, {"step": 1})
+    newest = tiny_model(seed=1)
+    save_checkpoint(run, 2, newest, tok, {"step": 2})
+    with Engine.from_dir(run) as e:
+        assert torch.equal(e.model.embed.weight, newest.embed.weight)
+
+
 def test_from_run_dir_and_missing(model_dir, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(model_dir, run / "final")
