@@ -44,15 +44,15 @@ def unigram_loss(tok: Tokenizer, labels: torch.Tensor, max_chars: int = 5_000_00
     return -sum(math.log((counts.get(t, 0) + 1) / total) for t in y) / len(y)
 
 
-def sample(run_dir: Path, prompt: str, max_tokens: int = 64) -> str | None:
-    """Greedy continuation of ``prompt`` through the serving engine (None if it is not installed)."""
+def sample(run_dir: Path, prompt: str, max_tokens: int = 96) -> str | None:
+    """A seeded sampled continuation of ``prompt`` through the serving engine (None if not installed)."""
     if importlib.util.find_spec("longmoe.serve.engine") is None:
         return None
     from longmoe.serve.engine import Engine
     from longmoe.serve.sampling import SamplingParams
 
     eng = Engine.from_dir(run_dir / "final")
-    return eng.generate(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0)).text
+    return eng.generate(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.7, top_p=0.9, seed=0)).text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         uni = unigram_loss(trainer.tok, torch.cat([b["labels"] for b in trainer.val_cache[n]], 1))
         evals.append({"length": n, "val_loss": loss, "unigram_loss": uni, "beyond_training": n > windows[-1]})
         print(f"[demo] val loss @ {n}: {loss:.3f}  (unigram {uni:.3f})", file=sys.stderr)
-    prompt = "def parse_args(argv):\n    "
+    prompt = "import os\n\n\ndef "
     text = sample(run_dir, prompt)
     plots = [p.name for p in render(run_dir)]
     result = {
@@ -174,7 +174,7 @@ def render_report(r: dict[str, Any]) -> str:
         "",
         report_table(r),
         "",
-        "## Sample (greedy)",
+        "## Sample (temperature 0.7, top-p 0.9, seed 0)",
         "",
     ]
     s = r["sample"]
