@@ -220,9 +220,11 @@ def eval_one(rc: RecipeConfig, run_dir: Path, progress: bool = True) -> dict[str
     if not ppl_file.is_file() or not nll_file.is_file():
         model, tok, _ = load_model_dir(run_dir)
         with torch.no_grad():
-            res = ppl_by_position(model, tok, max(lengths), rc.window, rc.ppl_docs, bucket=rc.window // 4)
-            ppl_file.write_text(json.dumps(res, indent=2) + "\n")
-            nll_file.write_text(json.dumps(answer_nll_table(model, tok, grid), indent=2) + "\n")
+            if not ppl_file.is_file():
+                res = ppl_by_position(model, tok, max(lengths), rc.window, rc.ppl_docs, bucket=rc.window // 4)
+                ppl_file.write_text(json.dumps(res, indent=2) + "\n")
+            if not nll_file.is_file():
+                nll_file.write_text(json.dumps(answer_nll_table(model, tok, grid), indent=2) + "\n")
     plot_run(out)
     return {
         "summary": summary,
