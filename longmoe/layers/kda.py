@@ -109,23 +109,27 @@ class KDALayer(nn.Module):
         h = self.gate_up(gate_in).float().view(B, T, H, K)
         A = self.A.float()
         g = bounded_decay(h, A, self.g_min) if self.gate_kind == "bounded" else softplus_decay(h, A)
+        # the operator chooses its own precision (fp32 state and scan for bf16 inputs): keep autocast out
+        no_autocast = torch.autocast(device_type=x.device.type, enabled=False)
         if state is not None and T == 1:  # decode: one step of the recurrence
-            o, new_state = kda_step(
-                q[:, 0], k[:, 0], v[:, 0], g[:, 0].to(q.dtype), beta[:, 0].to(q.dtype), state.state
-            )
+            with no_autocast:
+                o, new_state = kda_step(
+                    q[:, 0], k[:, 0], v[:, 0], g[:, 0].to(q.dtype), beta[:, 0].to(q.dtype), state.state
+                )
             o = o.unsqueeze(1)  # [B, 1, H, V]
         else:
-            o, new_state = kda_chunk(
-                q,
-                k,
-                v,
-                g.to(q.dtype),
-                beta.to(q.dtype),
-                initial_state=None if state is None else state.state,
-                output_final_state=state is not None,
-                cu_seqlens=None if packing is None else packing.cu_seqlens,
-                chunk_size=self.chunk_size,
-            )  # [B, T, H, V]
+            with no_autocast:
+                o, new_state = kda_chunk(
+                    q,
+                    k,
+                    v,
+                    g.to(q.dtype),
+                    beta.to(q.dtype),
+                    initial_state=None if state is None else state.state,
+                    output_final_state=state is not None,
+                    cu_seqlens=None if packing is None else packing.cu_seqlens,
+                    chunk_size=self.chunk_size,
+                )  # [B, T, H, V]
         if state is not None:
             state.state, state.conv = new_state, tail.detach()
         o = self.out_norm(o, out_gate.view(B, T, H, V))

@@ -101,7 +101,10 @@ class MoELayer(nn.Module):
         logits = F.linear(xf.float(), self.router.weight.float())  # [N, E] router in fp32
         scores, idx, w = route(logits, self.bias, cfg.top_k, cfg.routed_scale)
         z = self.down(xf) if self.down is not None else xf  # [N, ℓ]
-        y = dispatch_experts(z, idx, w, self.w_in, self.w_out, cfg.glu, self.impl)  # [N, ℓ]
+        # under autocast z arrives in bf16: run the experts in z's dtype (a differentiable cast, as
+        # autocast does for nn.Linear), since the custom-autograd dispatch writes into z-typed buffers
+        w_in, w_out = self.w_in.to(z.dtype), self.w_out.to(z.dtype)
+        y = dispatch_experts(z, idx, w.to(z.dtype), w_in, w_out, cfg.glu, self.impl)  # [N, ℓ]
         if self.up is not None:
             y = self.up(y)  # [N, d]
         if self.shared is not None:

@@ -139,3 +139,26 @@ def test_train_cli_errors(tmp_path, capsys):
     bad.write_text(json.dumps({"lr": -1}))
     assert main(["train", "--run-dir", str(tmp_path / "r"), "--train-config", str(bad)]) == 2
     assert "lr" in capsys.readouterr().err
+
+
+def test_bf16_autocast_and_grad_accum_train(tmp_path, mcfg, tok):
+    tcfg = small_train_config(bf16=True, grad_accum=2, ckpt_every=0)
+    tr = Trainer(tmp_path / "r", mcfg, tcfg, tok, progress=False)
+    tr.fit()
+    recs = read_metrics(tmp_path / "r")
+    assert len(recs) == tcfg.total_steps == -(-10 // 2)
+    assert all(math.isfinite(r["loss"]) and r["loss"] < 7 for r in recs)
+    assert recs[0]["tokens"] == 2 * 4 * 64  # two batches of 4 windows of 64 per optimizer step
+
+
+@pytest.mark.slow
+def test_demo_end_to_end(tmp_path):
+    from longmoe.cli import main
+
+    assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--scale", "0.02", "--no-progress"]) == 0
+    rep = json.loads((tmp_path / "demo/report.json").read_text())
+    assert [e["length"] for e in rep["eval"]] == [256, 1024, 4096, 8192]
+    assert all(math.isfinite(e["val_loss"]) and e["unigram_loss"] > 0 for e in rep["eval"])
+    md = (tmp_path / "demo/report.md").read_text()
+    assert "unigram baseline" in md and "![loss.png](loss.png)" in md
+    assert (tmp_path / "demo/loss.png").is_file() and (tmp_path / "demo/final/model.safetensors").is_file()
