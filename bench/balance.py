@@ -45,7 +45,7 @@ def model_config(E: int, k: int, balancer: str, vocab: int, args) -> ModelConfig
         first_k_dense=0,
         balancer=balancer,
         bias_step=args.bias_step,
-        balance_window=4,
+        balance_window=2,
         aux_loss_coef=args.aux_coef,
     )
     return ModelConfig(
@@ -188,10 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--windows", type=int, default=2, help="windows per batch (one packed row)")
     p.add_argument("--val-batches", type=int, default=4, help="validation batches")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
-    p.add_argument("--bias-step", type=float, default=5e-2, help="δ of the quantile and sign balancers")
+    p.add_argument("--bias-step", type=float, default=1e-2, help="δ of the quantile and sign balancers")
     p.add_argument("--aux-coef", type=float, default=1e-2, help="coefficient of the aux balance loss")
     p.add_argument("--hot", type=int, default=4, help="experts per layer given the router offset")
-    p.add_argument("--offset", type=float, default=2.0, help="router logit offset of the hot experts")
+    p.add_argument("--offset", type=float, default=1.0, help="router logit offset of the hot experts")
     p.add_argument("--seed", type=int, default=0, help="seed for init and data order")
     args = p.parse_args(argv)
     torch.set_num_threads(2)
