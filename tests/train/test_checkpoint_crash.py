@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import small_model_config, small_train_config
+from trainutil import small_model_config, small_train_config
 
 from longmoe.train import checkpoint as ckpt
 from longmoe.train.plots import read_metrics
@@ -37,16 +37,16 @@ def cfg_dir(tmp_path, tok):
 
 
 def test_sigkill_during_save_keeps_previous_checkpoint_and_resume_matches(tmp_path, cfg_dir):
-    ref = _train(tmp_path / "ref", cfg_dir)
+    ref = _train(tmp_path / "ref", cfg_dir, "--max-steps", "6")
     assert ref.returncode == 0, ref.stderr
-    killed = _train(tmp_path / "run", cfg_dir, fault="kill-in-save:4")
+    killed = _train(tmp_path / "run", cfg_dir, "--max-steps", "6", fault="kill-in-save:4")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     # the half-written step-4 checkpoint never became visible; step 2 is intact
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "run")] == ["step-00000002"]
     assert list((tmp_path / "run/checkpoints").glob(".tmp-step-00000004-*"))
     path, state = ckpt.load_latest(tmp_path / "run")
     assert path.name == "step-00000002" and state["step"] == 2
-    resumed = _train(tmp_path / "run", cfg_dir, "--resume")
+    resumed = _train(tmp_path / "run", cfg_dir, "--resume", "--max-steps", "6")
     assert resumed.returncode == 0, resumed.stderr
     assert not list((tmp_path / "run/checkpoints").glob(".tmp-*"))  # stale temporaries cleaned up
     key = lambda r: (r["step"], r["loss"], r["grad_norm"], r.get("val_loss"))

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import small_train_config
+from trainutil import small_train_config
 
 from longmoe.config import ConfigError
 from longmoe.data.corpus import DataError
