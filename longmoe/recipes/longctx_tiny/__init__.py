@@ -389,6 +389,10 @@ def expected_checks(
                 True,
             )
         )
+        na, nb = (
+            sum(_nll(evals[p], t, "*", beyond) for t in rc.eval_tasks) / len(rc.eval_tasks) for p in (h, m)
+        )
+        out.append(_check(f"{h} has lower answer loss than {m} past the training window", na, nb, False))
         out.append(
             _check(
                 f"{h} has lower loss than {m} past the training window",
