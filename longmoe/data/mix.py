@@ -73,8 +73,13 @@ class SyntheticSource:
     """Task documents ``context + question + answer`` from ``longmoe.eval.tasks.generate``.
 
     Document ``i`` uses task ``tasks[i % len(tasks)]``, seed ``seed + i`` and a needle depth drawn from
-    ``(seed, i)``, so any position is reproducible without replaying the previous ones.
+    ``(seed, i)``, so any position is reproducible without replaying the previous ones. Documents are
+    ``length × U[length_range]`` tokens, not the full window: packed back to back with bos/eos, a
+    full-window document would always be cut, its question and answer landing in the next window
+    without the context they depend on.
     """
+
+    length_range: tuple[float, float] = (0.4, 0.9)
 
     def __init__(self, tasks: tuple[str, ...], length: int, seed: int, tokenizer: Any) -> None:
         try:
@@ -89,11 +94,23 @@ class SyntheticSource:
         self.i = 0
 
     def next(self) -> Document:
+        from longmoe.eval.tasks.base import TooShortError
+
         task = self.tasks[self.i % len(self.tasks)]
         depth = round(_unit(self.seed + 7919, self.i), 3)
-        item = self._generate(
-            task, n=1, length=self.length, seed=self.seed + self.i, tokenizer=self.tokenizer, depth=depth
-        )[0]
+        lo, hi = self.length_range
+        frac = lo + (hi - lo) * _unit(self.seed + 104729, self.i)
+        item, err = None, None
+        for length in (int(self.length * frac), int(self.length * hi)):  # a short draw may not fit a task
+            try:
+                item = self._generate(
+                    task, n=1, length=length, seed=self.seed + self.i, tokenizer=self.tokenizer, depth=depth
+                )[0]
+                break
+            except TooShortError as e:
+                err = e
+        if item is None:
+            raise err  # type: ignore[misc]
         self.i += 1
         return Document(text=item_text(item), source=f"synthetic:{task}:{self.seed + self.i - 1}")
 

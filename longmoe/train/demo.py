@@ -52,7 +52,9 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 96) -> str | None:
     from longmoe.serve.sampling import SamplingParams
 
     eng = Engine.from_dir(run_dir / "final")
-    return eng.generate(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.7, top_p=0.9, seed=0)).text
+    return eng.generate(
+        prompt, SamplingParams(max_tokens=max_tokens, temperature=0.7, top_p=0.9, seed=0)
+    ).text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

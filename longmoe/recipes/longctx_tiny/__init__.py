@@ -17,7 +17,8 @@ then writes ``OUT/report.md``, ``OUT/results.json`` and comparison plots in ``OU
 Synthetic documents are rendered at ``window x U[lo, hi]`` tokens (``synthetic_length``), not at
 the full window: the packer lays documents back to back and a document of a full window (plus bos,
 answer and eos) would always be cut, its question and answer landing in the next window without the
-context they depend on. ``varied_synthetic_lengths`` does this for the recipe's training only.
+context they depend on. ``longmoe.data.mix.SyntheticSource`` does this (default 0.4-0.9);
+``varied_synthetic_lengths`` sets the recipe's range.
 """
 
 from __future__ import annotations
@@ -115,40 +116,13 @@ def model_config(rc: RecipeConfig, pattern: str, target: int | None = None) -> A
 def varied_synthetic_lengths(lo: float, hi: float) -> Iterator[None]:
     """While active, synthetic training documents are ``window x U[lo, hi]`` tokens (see module doc)."""
     from longmoe.data import mix
-    from longmoe.data.corpus import Document
-    from longmoe.eval.tasks.base import TooShortError
 
-    original = mix.SyntheticSource
-
-    class VariedSyntheticSource(original):  # type: ignore[misc, valid-type]
-        def next(self) -> Document:
-            task = self.tasks[self.i % len(self.tasks)]
-            depth = round(mix._unit(self.seed + 7919, self.i), 3)
-            frac = lo + (hi - lo) * mix._unit(self.seed + 104729, self.i)
-            item, err = None, None
-            for length in (int(self.length * frac), int(self.length * hi)):  # a short draw may not fit a task
-                try:
-                    item = self._generate(
-                        task,
-                        n=1,
-                        length=length,
-                        seed=self.seed + self.i,
-                        tokenizer=self.tokenizer,
-                        depth=depth,
-                    )[0]
-                    break
-                except TooShortError as e:
-                    err = e
-            if item is None:
-                raise err  # type: ignore[misc]
-            self.i += 1
-            return Document(text=mix.item_text(item), source=f"synthetic:{task}:{self.seed + self.i - 1}")
-
-    mix.SyntheticSource = VariedSyntheticSource
+    saved = mix.SyntheticSource.length_range
+    mix.SyntheticSource.length_range = (lo, hi)
     try:
         yield
     finally:
-        mix.SyntheticSource = original
+        mix.SyntheticSource.length_range = saved
 
 
 def train_config(rc: RecipeConfig) -> Any:
