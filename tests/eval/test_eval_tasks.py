@@ -168,4 +168,5 @@ def test_training_mix_renders_synthetic_documents(tok):
     assert [d.source.split(":")[1] for d in docs] == list(FAMILIES)
     for d in docs:
         assert "\nQuestion: " in d.text and "\nAnswer: " in d.text
-        assert abs(len(tok.encode(d.text)) - 512) < 0.1 * 512
+        n = len(tok.encode(d.text)) + 2  # + bos, eos: the whole document fits one packed window
+        assert 0.35 * 512 <= n < 512, n
