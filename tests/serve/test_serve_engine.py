@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from conftest import MAX_CONTEXT, VOCAB
+from serveutil import MAX_CONTEXT, VOCAB
 
 from longmoe.serve.engine import Engine, EngineConfig, EngineError
 from longmoe.serve.sampling import SamplerState, SamplingError, SamplingParams, process_logits
@@ -67,7 +67,7 @@ def test_batched_equals_solo_with_interleaved_prefill(engine):
 
 
 def test_seed_reproduces_and_differs():
-    from conftest import tiny_model
+    from serveutil import tiny_model
 
     from longmoe.data.tokenizer import tokenizer_for_tests
 
@@ -176,7 +176,7 @@ def test_cancel_frees_cache(engine):
 
 
 def test_from_run_dir_picks_newest_complete_checkpoint(model_dir, tmp_path):
-    from conftest import tiny_model
+    from serveutil import tiny_model
 
     from longmoe.train.checkpoint import save_checkpoint
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import MAX_CONTEXT
+from serveutil import MAX_CONTEXT
 
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
