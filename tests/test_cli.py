@@ -19,8 +19,9 @@ def test_help_lists_commands(capsys):
 
 
 def test_python_dash_m_is_the_same_cli():
-    out = subprocess.run([sys.executable, "-m", "longmoe", "version"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "longmoe", "version"], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == f"longmoe {__version__}"
 
 
