@@ -238,3 +238,16 @@ def corpus_documents(
     if data is None:
         return stdlib_documents(split, kind, shuffle_seed, epoch)
     return load_documents(data, split, shuffle_seed=shuffle_seed, epoch=epoch)
+
+
+def corpus_texts(
+    data: str | Path | None = None, split: str = "train", max_chars: int | None = None
+) -> Iterator[str]:
+    """Document texts of the corpus in a fixed order, stopping once ``max_chars`` characters are out
+    (for fitting a tokenizer or a baseline on a deterministic slice of a split)."""
+    n = 0
+    for doc in corpus_documents(data, split=split, kind="file", shuffle_seed=0, epoch=0):
+        yield doc.text
+        n += len(doc.text)
+        if max_chars is not None and n >= max_chars:
+            return

@@ -110,15 +110,13 @@ class KDALayer(nn.Module):
         A = self.A.float()
         g = bounded_decay(h, A, self.g_min) if self.gate_kind == "bounded" else softplus_decay(h, A)
         # the operator chooses its own precision (fp32 state and scan for bf16 inputs): keep autocast out
-        no_autocast = torch.autocast(device_type=x.device.type, enabled=False)
-        if state is not None and T == 1:  # decode: one step of the recurrence
-            with no_autocast:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            if state is not None and T == 1:  # decode: one step of the recurrence
                 o, new_state = kda_step(
                     q[:, 0], k[:, 0], v[:, 0], g[:, 0].to(q.dtype), beta[:, 0].to(q.dtype), state.state
                 )
-            o = o.unsqueeze(1)  # [B, 1, H, V]
-        else:
-            with no_autocast:
+                o = o.unsqueeze(1)  # [B, 1, H, V]
+            else:
                 o, new_state = kda_chunk(
                     q,
                     k,

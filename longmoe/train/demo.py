@@ -21,26 +21,20 @@ from typing import Any
 import torch
 
 from longmoe.config import preset
-from longmoe.data.corpus import corpus_documents
+from longmoe.data.corpus import corpus_texts
 from longmoe.data.tokenizer import Tokenizer
+from longmoe.model import IGNORE_INDEX
 from longmoe.train.config import TrainConfig, tiny_curriculum
-
-IGNORE = -100
 
 
 def unigram_loss(tok: Tokenizer, labels: torch.Tensor, max_chars: int = 5_000_000) -> float:
     """Cross-entropy (nats/token) on ``labels`` of a unigram model fit on the train split (add-one)."""
     counts: Counter[int] = Counter()
-    seen = 0
-    for doc in corpus_documents(None, split="train", kind="file", shuffle_seed=0, epoch=0):
-        ids = tok.encode(doc.text)
-        counts.update(ids)
+    for text in corpus_texts(None, "train", max_chars):
+        counts.update(tok.encode(text))
         counts[tok.eos_id] += 1  # every document ends with one, as in packing
-        seen += len(doc.text)
-        if seen >= max_chars:
-            break
     total = sum(counts.values()) + tok.vocab_size
-    y = labels[labels != IGNORE].tolist()
+    y = labels[labels != IGNORE_INDEX].tolist()
     return -sum(math.log((counts.get(t, 0) + 1) / total) for t in y) / len(y)
 
 

@@ -21,7 +21,6 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from torch import nn
 from longmoe.config import ConfigError, ModelConfig
 from longmoe.data.curriculum import Curriculum, val_batches
 from longmoe.data.tokenizer import Tokenizer
-from longmoe.model import LongMoE
+from longmoe.model import IGNORE_INDEX, LongMoE
 from longmoe.train import checkpoint as ckpt
 from longmoe.train.config import TrainConfig
 
@@ -94,17 +93,9 @@ def train_tokenizer(
     vocab_size: int, data: str | Path | None = None, max_chars: int = 20_000_000
 ) -> Tokenizer:
     """Byte-level BPE on the train split of the corpus (the first ``max_chars`` characters of it)."""
-    from longmoe.data.corpus import corpus_documents
+    from longmoe.data.corpus import corpus_texts
 
-    def texts() -> Iterator[str]:
-        n = 0
-        for doc in corpus_documents(data, split="train", kind="file", shuffle_seed=0, epoch=0):
-            yield doc.text
-            n += len(doc.text)
-            if n >= max_chars:
-                return
-
-    return Tokenizer.train(texts(), vocab_size=vocab_size)
+    return Tokenizer.train(corpus_texts(data, "train", max_chars), vocab_size=vocab_size)
 
 
 def check_fits(cfg: ModelConfig, tok: Tokenizer) -> None:
@@ -131,11 +122,12 @@ class Trainer:
     ) -> None:
         self.run_dir = Path(run_dir)
         self.progress, self.max_steps = progress, max_steps
+        existing = resume and (self.run_dir / "config.json").exists()
         restored = ckpt.load_latest(self.run_dir) if resume else None
-        if resume and restored is None and (self.run_dir / "config.json").exists():
-            log.warning("--resume: no complete checkpoint in %s; starting from step 0", self.run_dir)
-        if resume and (self.run_dir / "config.json").exists():
+        if existing:
             # the run's own files win over what the caller passed: a resume must not change the run
+            if restored is None:
+                log.warning("--resume: no complete checkpoint in %s; starting from step 0", self.run_dir)
             model_cfg = ModelConfig.load(self.run_dir / "config.json")
             train_cfg = TrainConfig.load(self.run_dir / "train_config.json")
             tokenizer = Tokenizer.from_file(self.run_dir / "tokenizer.json")
@@ -144,7 +136,7 @@ class Trainer:
         check_fits(model_cfg, tokenizer)
         self.mcfg, self.tcfg, self.tok = model_cfg, train_cfg, tokenizer
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if not (self.run_dir / "config.json").exists() or not resume:
+        if not existing:
             model_cfg.save(self.run_dir / "config.json")
             train_cfg.save(self.run_dir / "train_config.json")
             tokenizer.save(self.run_dir / "tokenizer.json")
@@ -296,7 +288,7 @@ class Trainer:
         for b in self.val_cache[length]:
             with self._autocast():
                 out = self.model(b["input_ids"], labels=b["labels"], cu_seqlens=b["cu_seqlens"])
-            k = int((b["labels"] != -100).sum())
+            k = int((b["labels"] != IGNORE_INDEX).sum())
             total, count = total + float(out.ce_loss) * k, count + k
         return total / count
 
