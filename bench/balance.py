@@ -183,18 +183,19 @@ def plot(results: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="E = 64 only, 8 steps (seconds)")
-    p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps per run")
     p.add_argument("--window", type=int, default=256, help="tokens per packed window")
-    p.add_argument("--windows", type=int, default=2, help="windows per batch (one packed row)")
+    p.add_argument("--windows", type=int, default=8, help="windows per batch (one packed row)")
     p.add_argument("--val-batches", type=int, default=4, help="validation batches")
-    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     p.add_argument("--bias-step", type=float, default=1e-2, help="δ of the quantile and sign balancers")
     p.add_argument("--aux-coef", type=float, default=1e-2, help="coefficient of the aux balance loss")
     p.add_argument("--hot", type=int, default=4, help="experts per layer given the router offset")
     p.add_argument("--offset", type=float, default=1.0, help="router logit offset of the hot experts")
     p.add_argument("--seed", type=int, default=0, help="seed for init and data order")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = p.parse_args(argv)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     if args.quick:
         args.steps, args.val_batches = 8, 1
     settings = [(64, 4)] if args.quick else [(64, 4), (256, 8)]

@@ -5,9 +5,9 @@ stopping at the first newline after the answer: the task prompts end in ``Answer
 is one line. ``Reply.prompt_tokens`` is the prompt length the backend itself counted (None when it
 does not say), so lengths can be checked against a foreign tokenizer.
 
-- ``LocalClient``: a model directory (or a training run: see ``resolve_model_dir``). It uses the
-  serving engine (``longmoe.serve.engine.Engine``) when that is installed, else a small greedy loop
-  over ``LongMoE`` with chunked prefill into the cache (``GreedyModel``), so long prompts fit.
+- ``LocalClient``: a model directory (or a training run: see ``resolve_model_dir``) served by
+  ``longmoe.serve.engine.Engine`` with its context limit raised past ``max_seq_len`` (chunked
+  prefill into the cache, so long prompts fit).
 - ``EndpointClient``: ``POST {url}/v1/completions`` (``prompt``) or ``/v1/chat/completions``
   (``messages``) with ``model``, ``max_tokens``, ``temperature=0``, ``stop=["\\n"]``; optional bearer key.
 """
@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 PREFILL_CHUNK = 2048  # tokens per prefill call: bounds activation memory for long prompts
+LOCAL_MAX_CONTEXT = 1 << 20  # prompt + answer tokens a local model may be asked (no positional limit)
 API_MODES = ("completions", "chat")
 
 
@@ -50,98 +49,38 @@ def load_model_dir(path: str | Path, device: str = "cpu") -> tuple[Any, Any, Pat
     return model, Tokenizer.from_file(tok_file), d
 
 
-class GreedyModel:
-    """Greedy decoding straight on ``LongMoE``: chunked prefill into the cache, then one token per call."""
-
-    def __init__(self, model: Any, tokenizer: Any, chunk: int = PREFILL_CHUNK) -> None:
-        self.model, self.tokenizer, self.chunk = model, tokenizer, chunk
-        self.stop_ids = {tokenizer.eos_id, tokenizer.end_id, tokenizer.pad_id}
-        self.device = next(model.parameters()).device
-
-    @torch.no_grad()
-    def complete_ids(self, ids: list[int], max_tokens: int) -> list[int]:
-        if not ids:
-            raise ClientError("empty prompt")
-        cache = self.model.new_cache(1, self.device)
-        logits = None
-        for s in range(0, len(ids), self.chunk):
-            x = torch.tensor([ids[s : s + self.chunk]], device=self.device)  # [1, t]
-            logits = self.model(x, cache=cache).logits[0, -1]  # [V]
-        out: list[int] = []
-        for _ in range(max_tokens):
-            t = int(torch.argmax(logits.float()))
-            if t in self.stop_ids:
-                break
-            out.append(t)
-            if "\n" in self.tokenizer.decode(out):  # stop=["\n"], as the engine and endpoints do
-                break
-            logits = self.model(torch.tensor([[t]], device=self.device), cache=cache).logits[0, -1]
-        return out
-
-    def complete(self, prompt: str, max_tokens: int) -> Reply:
-        ids = self.tokenizer.encode(prompt, bos=True)
-        out = self.complete_ids(ids, max_tokens)
-        text = self.tokenizer.decode(out, skip_special_tokens=True).split("\n", 1)[0]
-        return Reply(text, len(ids), len(out))
-
-
 class LocalClient:
-    """A local model directory, served by the engine (batched) when it is installed.
+    """A local model directory (or training run), served by the engine with batched greedy decoding.
 
-    Prompts longer than the engine's context window (``max_seq_len`` of the config, which the engine
-    enforces) go through ``GreedyModel`` on the same weights: evaluating past the trained window is
-    the point of the extrapolation runs, and NoPE + KDA have no positional limit.
+    The engine's context limit is raised to ``max_context`` (default ``LOCAL_MAX_CONTEXT``) instead of
+    the config's ``max_seq_len``: evaluating past the trained window is the point of the extrapolation
+    runs, and NoPE + KDA have no positional limit. Long prompts are prefilled in chunks into the cache.
     """
 
-    def __init__(self, path: str | Path, device: str = "cpu", use_engine: bool | None = None) -> None:
+    def __init__(self, path: str | Path, device: str = "cpu", max_context: int = LOCAL_MAX_CONTEXT) -> None:
+        from longmoe.serve.engine import Engine
+        from longmoe.serve.sampling import SamplingParams
+
         self.name = str(path)
-        self.engine = None
-        if use_engine is not False:
-            try:
-                from longmoe.serve.engine import Engine
-                from longmoe.serve.sampling import SamplingParams
-            except ImportError:
-                if use_engine:
-                    raise ClientError("use_engine=True but longmoe.serve.engine is not available") from None
-            else:
-                self.engine = Engine.from_dir(path, device=device)
-                self._params = SamplingParams
-                self.tokenizer = self.engine.tokenizer
-                self.greedy = GreedyModel(self.engine.model.eval(), self.tokenizer)
-        if self.engine is None:
-            model, self.tokenizer, _ = load_model_dir(path, device)
-            self.greedy = GreedyModel(model, self.tokenizer)
-
-    @property
-    def backend(self) -> str:
-        return "engine" if self.engine is not None else "greedy"
-
-    def _fits(self, prompt: str, max_tokens: int) -> bool:
-        if self.engine is None:
-            return False
-        return len(self.tokenizer.encode(prompt, bos=True)) + max_tokens <= self.engine.max_context
+        self.engine = Engine.from_dir(path, device=device, max_context=max_context, chunk_size=PREFILL_CHUNK)
+        self._params = SamplingParams
+        self.tokenizer = self.engine.tokenizer
 
     def complete(self, prompt: str, max_tokens: int) -> Reply:
         return self.complete_batch([prompt], [max_tokens])[0]
 
     def complete_batch(self, prompts: list[str], max_tokens: list[int]) -> list[Reply]:
-        """Prompts that fit the engine's window share its batched decode; longer ones run one by one."""
-        replies: list[Reply | None] = [None] * len(prompts)
-        fit = [i for i, (p, m) in enumerate(zip(prompts, max_tokens)) if self._fits(p, m)]
-        if fit:
-            params = [self._params(max_tokens=max_tokens[i], temperature=0.0, stop=["\n"]) for i in fit]
-            for i, c in zip(fit, self.engine.generate_batch([prompts[i] for i in fit], params)):
-                if c.finish_reason == "error":
-                    raise ClientError(f"engine failed on a prompt: {c.error}")
-                replies[i] = Reply(c.text, c.prompt_tokens, c.completion_tokens)
-        for i, r in enumerate(replies):
-            if r is None:
-                replies[i] = self.greedy.complete(prompts[i], max_tokens[i])
-        return replies  # type: ignore[return-value]
+        """All prompts share the engine's batched decode (greedy, ``stop=["\\n"]``)."""
+        params = [self._params(max_tokens=m, temperature=0.0, stop=["\n"]) for m in max_tokens]
+        replies = []
+        for c in self.engine.generate_batch(prompts, params):
+            if c.finish_reason == "error":
+                raise ClientError(f"engine failed on a prompt: {c.error}")
+            replies.append(Reply(c.text, c.prompt_tokens, c.completion_tokens))
+        return replies
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
+        self.engine.close()
 
 
 class EndpointClient:

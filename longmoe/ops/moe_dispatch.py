@@ -200,52 +200,61 @@ def _tier_weights(w: torch.Tensor, experts: torch.Tensor | None) -> torch.Tensor
 
 
 class _PaddedExperts(torch.autograd.Function):
-    """``Y[p] = GLU_{e(p)}(z[token(p)])`` for every pair ``p`` via tiered padded ``bmm``; manual backward."""
+    """``out[n] = Σ_j w[n, j] · GLU_{idx[n, j]}(z[n])`` via tiered padded ``bmm``; manual backward.
+
+    The combine weight of each row scales its activation before the second GEMM, so the expert outputs
+    ``yp`` are already weighted and the combine is a gather-sum of ``k`` rows per token
+    (``F.embedding_bag``): no ``[N·k, ℓ]`` pair-order tensor is ever built, in either direction.
+    """
 
     @staticmethod
-    def forward(ctx, z, w_in, w_out, lay, glu):  # noqa: ANN001
-        # z [N, l]; w_in [E, l, 2f]; w_out [E, f, l] -> Y [N*k, l] in pair order
+    def forward(ctx, z, weights, w_in, w_out, lay, glu):  # noqa: ANN001
+        # z [N, l]; weights [N, k]; w_in [E, l, 2f]; w_out [E, f, l] -> out [N, l]
         l = z.shape[1]
         xp = _gather_padded(z, lay.tok_of_row)  # [R, l]
+        wr = _gather_padded(weights.reshape(-1, 1), lay.pair_of_row)  # [R, 1] combine weight, pads 0
         yp = torch.empty_like(xp)
         saved = []
         for experts, cap, row0 in lay.tiers:
             wi, wo = _tier_weights(w_in, experts), _tier_weights(w_out, experts)
-            n = wi.shape[0]
-            x = xp[row0 : row0 + n * cap].view(n, cap, l)  # [n, C, l]
-            h = torch.bmm(x, wi)  # [n, C, 2f]
-            a = glu_act(h, glu)  # [n, C, f]
-            torch.bmm(a, wo, out=yp[row0 : row0 + n * cap].view(n, cap, l))
-            saved += [h, a, wi, wo]
-        ctx.save_for_backward(xp, *saved)
-        ctx.lay, ctx.glu, ctx.shapes = lay, glu, (w_in.shape, w_out.shape)
-        return yp.index_select(0, lay.row_of_pair)
+            n, rows = wi.shape[0], slice(row0, row0 + wi.shape[0] * cap)
+            h = torch.bmm(xp[rows].view(n, cap, l), wi)  # [n, C, 2f]
+            aw = glu_act(h, glu) * wr[rows].view(n, cap, 1)  # [n, C, f] weighted activation
+            torch.bmm(aw, wo, out=yp[rows].view(n, cap, l))
+            saved += [h, aw, wi, wo]
+        ctx.save_for_backward(xp, wr, *saved)
+        ctx.lay, ctx.glu = lay, glu
+        return F.embedding_bag(lay.row_of_pair.view(lay.N, lay.k), yp, mode="sum")  # [N, l]
 
     @staticmethod
-    def backward(ctx, dY):  # noqa: ANN001
-        xp, *saved = ctx.saved_tensors
+    def backward(ctx, dout):  # noqa: ANN001
+        xp, wr, *saved = ctx.saved_tensors
         lay = ctx.lay
         l = xp.shape[1]
-        dyp = _gather_padded(dY.contiguous(), lay.pair_of_row)  # [R, l], pads 0
-        dxp = torch.empty_like(dyp)
+        g = _gather_padded(dout.contiguous(), lay.tok_of_row)  # [R, l] = d yp (pads 0)
+        dxp = torch.empty_like(g)
+        acc = torch.promote_types(g.dtype, torch.float32)
+        dwr = torch.empty(g.shape[0], dtype=acc, device=g.device)  # [R] d weight per row
         dw_in = dw_out = None
         for t, (experts, cap, row0) in enumerate(lay.tiers):
-            h, a, wi, wo = saved[4 * t : 4 * t + 4]
-            n = wi.shape[0]
-            x = xp[row0 : row0 + n * cap].view(n, cap, l)
-            dy = dyp[row0 : row0 + n * cap].view(n, cap, l)
-            gwo = torch.bmm(a.transpose(1, 2), dy)  # [n, f, l]
-            da = torch.bmm(dy, wo.transpose(1, 2))  # [n, C, f]
-            dh = _glu_act_bwd(h, da, ctx.glu)  # [n, C, 2f]
+            h, aw, wi, wo = saved[4 * t : 4 * t + 4]
+            n, rows = wi.shape[0], slice(row0, row0 + wi.shape[0] * cap)
+            x, gy = xp[rows].view(n, cap, l), g[rows].view(n, cap, l)
+            gwo = torch.bmm(aw.transpose(1, 2), gy)  # [n, f, l]
+            daw = torch.bmm(gy, wo.transpose(1, 2))  # [n, C, f]
+            dwr[rows] = (glu_act(h, ctx.glu).to(acc) * daw.to(acc)).sum(-1).view(-1)
+            dh = _glu_act_bwd(h, daw * wr[rows].view(n, cap, 1), ctx.glu)  # [n, C, 2f]
             gwi = torch.bmm(x.transpose(1, 2), dh)  # [n, l, 2f]
-            torch.bmm(dh, wi.transpose(1, 2), out=dxp[row0 : row0 + n * cap].view(n, cap, l))
+            torch.bmm(dh, wi.transpose(1, 2), out=dxp[rows].view(n, cap, l))
             if experts is None:
                 dw_in, dw_out = gwi, gwo
             else:
                 dw_in.index_add_(0, experts, gwi)  # in place: the full [E, ...] grad is large
                 dw_out.index_add_(0, experts, gwo)
-        dz = dxp.index_select(0, lay.row_of_pair).view(lay.N, lay.k, l).sum(1)
-        return dz, dw_in, dw_out, None, None
+        pairs = lay.row_of_pair.view(lay.N, lay.k)
+        dz = F.embedding_bag(pairs, dxp, mode="sum")  # [N, l]: Σ over each token's k rows
+        dweights = dwr[pairs].to(wr.dtype)  # [N, k]
+        return dz, dweights, dw_in, dw_out, None, None
 
 
 def _grouped_experts(xs, w_in, w_out, counts, glu):  # noqa: ANN001
@@ -275,11 +284,10 @@ def dispatch_experts(
     N, k = idx.shape
     lay = Layout(idx, w_in.shape[0])
     if impl == "bmm":
-        Y = _PaddedExperts.apply(z, w_in, w_out, lay, glu)  # [N*k, l] pair order
-    else:
-        tok = lay.order // k
-        ys = _grouped_experts(z.index_select(0, tok), w_in, w_out, lay.counts, glu)  # sorted order
-        Y = torch.empty_like(ys).index_copy(0, lay.order, ys)
+        return _PaddedExperts.apply(z, weights.to(z.dtype), w_in, w_out, lay, glu)  # [N, l]
+    tok = lay.order // k
+    ys = _grouped_experts(z.index_select(0, tok), w_in, w_out, lay.counts, glu)  # sorted order
+    Y = torch.empty_like(ys).index_copy(0, lay.order, ys)  # [N*k, l] pair order
     # combine: out[n] = Σ_j w[n, j] Y[n, j]
     return torch.bmm(weights.to(Y.dtype).unsqueeze(1), Y.view(N, k, -1)).squeeze(1)  # [N, l]
 

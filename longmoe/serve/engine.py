@@ -64,12 +64,18 @@ class EngineConfig:
     max_waiting: int = 1024  # queued requests beyond which submissions are refused
     add_bos: bool = True  # text prompts start with <|bos|>, as training documents do
     device: str = "cpu"
+    # prompt + completion limit in tokens; None = the model's max_seq_len. Larger values are allowed
+    # on purpose: NoPE + KDA have no positional limit, and extrapolation tests run past the window.
+    max_context: int | None = None
 
     def __post_init__(self) -> None:
         for f in ("chunk_size", "max_batch", "cache_budget_bytes", "block_size", "max_waiting"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{f}: expected an integer >= 1, got {v!r}")
+        v = self.max_context
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
+            raise ValueError(f"max_context: expected None or an integer >= 2, got {v!r}")
 
 
 @dataclass
@@ -197,7 +203,9 @@ class Engine:
 
     @property
     def max_context(self) -> int:
-        return int(self.model.cfg.max_seq_len)
+        """Tokens a request may hold (prompt + completion): ``EngineConfig.max_context`` or the model's
+        ``max_seq_len``."""
+        return int(self.cfg.max_context or self.model.cfg.max_seq_len)
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -141,6 +141,20 @@ def test_request_validation(engine):
             SamplingParams(**kw)
     with pytest.raises(ValueError, match="chunk_size"):
         EngineConfig(chunk_size=0)
+    with pytest.raises(ValueError, match="max_context"):
+        EngineConfig(max_context=1)
+
+
+def test_max_context_defaults_to_the_window_and_can_be_raised(model_dir):
+    ids = [5 + i % (VOCAB - 10) for i in range(MAX_CONTEXT)]  # as long as the window: no room left
+    with Engine.from_dir(model_dir) as e:
+        assert e.max_context == MAX_CONTEXT
+        with pytest.raises(EngineError, match="^prompt:.*context window"):
+            e.generate(ids, GREEDY)
+    with Engine.from_dir(model_dir, max_context=2 * MAX_CONTEXT) as e:
+        c = e.generate(ids, GREEDY)
+        assert c.prompt_tokens == MAX_CONTEXT and len(c.token_ids) == GREEDY.max_tokens
+        assert c.token_ids == argmax_loop(e.model, ids, GREEDY.max_tokens)
 
 
 def test_cache_budget_rejects_and_waits(model_dir):
