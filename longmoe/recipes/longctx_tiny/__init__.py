@@ -44,7 +44,7 @@ class RecipeConfig:
     window: int = 512
     tokens: int = 2_000_000
     batch_size: int = 8
-    synthetic_share: float = 0.5
+    synthetic_share: float = 0.75
     synthetic_length: list[float] = field(default_factory=lambda: [0.4, 0.9])
     lr: float = 3e-3
     warmup_steps: int = 20
