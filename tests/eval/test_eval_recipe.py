@@ -48,4 +48,4 @@ def test_recipe_config_validation_and_train_config():
     tc = train_config(rc)
     (stage,) = tc.stages
     assert stage.window == rc.window and stage.tokens == 8192
-    assert stage.mix == {"file": 0.5, "synthetic": 0.5}
+    assert stage.mix == {"file": 0.25, "synthetic": 0.75}
