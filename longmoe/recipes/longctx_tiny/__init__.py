@@ -178,7 +178,7 @@ def eval_one(rc: RecipeConfig, run_dir: Path, progress: bool = True) -> dict[str
     import torch
 
     from longmoe.eval import runner
-    from longmoe.eval.clients import LocalClient, load_model_dir
+    from longmoe.eval.clients import LocalClient
     from longmoe.eval.plots import plot_run
     from longmoe.eval.ppl import ppl_by_position
 
@@ -192,7 +192,7 @@ def eval_one(rc: RecipeConfig, run_dir: Path, progress: bool = True) -> dict[str
     summary = runner.write_summary(out)
     ppl_file, nll_file = out / "ppl.json", out / "answer_nll.json"
     if not ppl_file.is_file() or not nll_file.is_file():
-        model, tok, _ = load_model_dir(run_dir)
+        model, tok = client.engine.model, client.tokenizer  # the weights the grid was scored with
         with torch.no_grad():
             if not ppl_file.is_file():
                 res = ppl_by_position(model, tok, max(lengths), rc.window, rc.ppl_docs, bucket=rc.window // 4)
