@@ -15,6 +15,10 @@ from pathlib import Path
 
 import torch
 
+from longmoe.runtime import retain_freed_memory
+
+retain_freed_memory()  # every benchmark, both peers: see longmoe/runtime.py
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 

@@ -13,6 +13,7 @@ import importlib.util
 import sys
 
 from longmoe import __version__
+from longmoe.runtime import retain_freed_memory
 
 # name -> (module path, one-line help). Add a command by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -64,6 +65,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    retain_freed_memory()  # large CPU tensors reuse heap memory instead of page-faulting each step
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command)
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """Sparse MoE feed-forward with a latent expert space and aux-loss-free balancing (design.md §1.5).
 
-    s  = sigmoid(x W_rᵀ)                         router in full width, [N, E]
+    s  = sigmoid(x W_rᵀ)                         router in full width, [N, E] (backward: only s_S)
     S  = top-k(s + b)                            b: balancing bias buffer (selection only, no grad)
     w  = routed_scale · s_S / Σ s_S              combine weights from the unbiased scores
     z  = W_down x                                latent ℓ = d / α (identity when α = 1)
@@ -20,7 +20,7 @@ from torch import nn
 
 from longmoe.config import FFNConfig
 from longmoe.layers import balance
-from longmoe.ops.moe_dispatch import dispatch_experts, glu_act, route
+from longmoe.ops.moe_dispatch import combine_weights, dispatch_experts, glu_act, route, selected_logits
 
 PARAM_KEYS = ("router", "latent_proj", "routed_experts", "shared_experts")
 
@@ -98,8 +98,16 @@ class MoELayer(nn.Module):
         shape = x.shape
         xf = x.reshape(-1, self.d_model)  # [N, d]
         cfg = self.cfg
-        logits = F.linear(xf.float(), self.router.weight.float())  # [N, E] router in fp32
-        scores, idx, w = route(logits, self.bias, cfg.top_k, cfg.routed_scale)
+        aux = self.training and cfg.balancer == "aux"
+        W_r = self.router.weight  # [E, d]
+        with torch.set_grad_enabled(aux and torch.is_grad_enabled()):
+            logits = F.linear(xf.float(), W_r.float())  # [N, E] router in fp32
+            scores, idx, w = route(logits, self.bias, cfg.top_k, cfg.routed_scale)
+        if not aux and torch.is_grad_enabled() and (xf.requires_grad or W_r.requires_grad):
+            # only the aux loss needs gradient through all E scores; the combine weights need it
+            # through the k selected logits, so the router backward is O(N·k·d), not O(N·E·d)
+            sel = torch.sigmoid(selected_logits(xf, W_r, logits, idx))  # [N, k]
+            w = combine_weights(sel, cfg.routed_scale)
         z = self.down(xf) if self.down is not None else xf  # [N, ℓ]
         # under autocast z arrives in bf16: run the experts in z's dtype (a differentiable cast, as
         # autocast does for nn.Linear), since the custom-autograd dispatch writes into z-typed buffers

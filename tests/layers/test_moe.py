@@ -35,15 +35,15 @@ def test_layer_matches_formula_and_gradients(latent_ratio, glu, n_shared):
     """Layer output and every parameter gradient equal the dense-reference formula (fp32, ≤ 1e-5)."""
     torch.manual_seed(0)
     layer = MoELayer(32, _cfg(latent_ratio=latent_ratio, glu=glu, n_shared=n_shared, routed_scale=1.5))
-    x = torch.randn(2, 7, 32)
+    x = torch.randn(2, 7, 32, requires_grad=True)
     y = layer(x)
     assert y.shape == x.shape and y.dtype == x.dtype
     ref = _reference_forward(layer, x)
     torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
-    params = [p for _, p in layer.named_parameters()]
+    params = [x] + [p for _, p in layer.named_parameters()]
     ga = torch.autograd.grad(y.square().sum(), params)
     gb = torch.autograd.grad(ref.square().sum(), params)
-    for (name, _), a, b in zip(layer.named_parameters(), ga, gb):
+    for (name, _), a, b in zip([("x", x), *layer.named_parameters()], ga, gb):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
 
 

@@ -15,6 +15,7 @@ from longmoe.ops.moe_dispatch import (
     dense_reference,
     dispatch_experts,
     route,
+    selected_logits,
     topk_lowest_index,
 )
 
@@ -136,3 +137,26 @@ def test_choose_tiers_covers_the_largest_group(counts):
     b = choose_tiers(torch.tensor(counts))
     assert b[0] == 0 and b[-1] >= max(counts) and all(x < y for x, y in zip(b, b[1:]))
     assert all(x % PAD_MULTIPLE == 0 for x in b) and len(b) - 1 <= MAX_TIERS
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_selected_logits_sparse_backward_equals_dense_gather(dtype):
+    """The sparse router backward gives the gradients of ``(x Wᵀ).gather(1, idx)`` in x and W."""
+    g = torch.Generator().manual_seed(3)
+    N, E, d, k = 40, 24, 16, 5
+    x = torch.randn(N, d, generator=g).to(dtype).requires_grad_()
+    W = torch.randn(E, d, generator=g).to(dtype).requires_grad_()
+    idx = torch.randint(0, E, (N, k), generator=g)
+    idx[:, 1] = idx[:, 0]  # repeated experts in a row must accumulate, not overwrite
+    up = torch.randn(N, k, generator=g)
+    xr, Wr = (t.detach().float().requires_grad_() for t in (x, W))
+    ref = (xr @ Wr.T).gather(1, idx)
+    logits = (x.float() @ W.float().T).detach()
+    out = selected_logits(x, W, logits, idx)
+    torch.testing.assert_close(out, ref.detach(), atol=1e-5, rtol=1e-5)
+    gx, gW = torch.autograd.grad((out * up).sum(), (x, W))
+    rx, rW = torch.autograd.grad((ref * up).sum(), (xr, Wr))
+    assert gx.dtype == dtype and gW.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(gx.float(), rx, atol=tol, rtol=tol)
+    torch.testing.assert_close(gW.float(), rW, atol=tol, rtol=tol)
