@@ -14,6 +14,8 @@ no warm-up) and in fp32 only.
 
     python bench/moe.py            # E in {8, 64, 256, 896}, fp32 and bf16, plus α = 4
     python bench/moe.py --quick    # E in {8, 64}, 512 tokens, fp32 (seconds)
+    LONGMOE_MALLOC_TUNE=0 python bench/moe.py   # glibc's default allocator behaviour, for both peers
+                                                # (results in moe_malloc_default.*, README untouched)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import gemm_roofline, markdown_table, timeit, write_results  # noqa: E402
+from bench.common import MALLOC_TUNED, gemm_roofline, markdown_table, timeit, write_results  # noqa: E402
 from longmoe.config import FFNConfig  # noqa: E402
 from longmoe.layers.moe import MoELayer  # noqa: E402
 
@@ -186,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     md = (
         f"MoE layer, {n_tokens} tokens, d = {D}, f = {F_HID}, k = {K}, 1 shared expert; roofline = torch.mm "
         + ", ".join(f"{k.split('.')[1]} {v / 1e9:.0f} GFLOP/s" for k, v in roofs.items())
-        + " (shared machine)\n\n"
+        + " (shared machine; "
+        + ("freed memory kept for reuse, longmoe/runtime.py" if MALLOC_TUNED else "glibc default malloc")
+        + ")\n\n"
         + markdown_table(header, table)
         + f"\n\ntransformers eager fwd+bwd for E > {DEFAULT_LOOP_MAX_E}: one repetition, fp32 only"
         + " (nan = not run)."
@@ -198,11 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             ratio_rows,
         )
     )
+    name = ("moe_quick" if args.quick else "moe") + ("" if MALLOC_TUNED else "_malloc_default")
     write_results(
-        "moe_quick" if args.quick else "moe",
-        {"roofline_flops": roofs, "rows": results},
-        md,
-        update_readme=not args.quick,
+        name, {"roofline_flops": roofs, "rows": results}, md, update_readme=not args.quick and MALLOC_TUNED
     )
     return 0
 
