@@ -40,9 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from longmoe.data.tokenizer import Tokenizer
+    from longmoe.runtime import retain_freed_memory
     from longmoe.train.pretrain import train_tokenizer
 
     args = parse_args(argv)
+    retain_freed_memory()  # big logits/gradient blocks reuse heap memory instead of page-faulting
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
