@@ -46,4 +46,3 @@ def test_disabled_by_environment(monkeypatch):
     monkeypatch.setattr(rt, "_applied", None)
     monkeypatch.setenv(rt.ENV_VAR, "0")
     assert rt.retain_freed_memory() is False
-    monkeypatch.setattr(rt, "_applied", None)

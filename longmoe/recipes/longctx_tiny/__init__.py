@@ -139,7 +139,7 @@ def train_config(rc: RecipeConfig) -> Any:
         warmup_steps=min(rc.warmup_steps, max(1, steps // 10)),
         seed=rc.seed,
         eval_every=0,
-        ckpt_every=max(10, steps // 4),
+        ckpt_every=max(10, min(steps // 4, 200)),  # a killed long run loses at most ~200 steps
         keep_last=1,
     )
 
