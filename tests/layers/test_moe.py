@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -168,3 +170,20 @@ def test_balancer_state_survives_model_save_and_load(tmp_path):
         for key in ("bias", "load_window", "window_pos", "balance_steps", "last_entropy"):
             torch.testing.assert_close(getattr(b, key), getattr(a, key), msg=key)
         assert b.balance_metrics() == a.balance_metrics()
+
+
+def test_router_entropy_metric_is_a_strided_estimate_over_many_tokens():
+    """Above ENTROPY_TOKENS tokens the logged entropy is the exact entropy of an evenly strided sample."""
+    from longmoe.layers import balance
+    from longmoe.layers.moe import ENTROPY_TOKENS
+
+    torch.manual_seed(0)
+    layer = MoELayer(32, _cfg())
+    x = torch.randn(3 * ENTROPY_TOKENS + 5, 32)
+    layer(x)
+    scores = torch.sigmoid(x @ layer.router.weight.T)
+    exact = float(balance.router_entropy(scores))
+    sampled = float(balance.router_entropy(scores[::4]))  # ceil((3·512 + 5) / 512) = 4
+    logged = float(layer.step_entropy[0] / layer.step_entropy[1])
+    assert math.isclose(logged, sampled, rel_tol=1e-5)
+    assert abs(logged - exact) < 0.01 * exact
