@@ -35,6 +35,8 @@ from longmoe.model import IGNORE_INDEX, LongMoE
 from longmoe.train import checkpoint as ckpt
 from longmoe.train.config import TrainConfig
 
+MAX_BAD_STEPS = 8  # consecutive non-finite-gradient steps before training stops with an error
+
 log = logging.getLogger(__name__)
 
 NO_DECAY_KEYS = ("norm", "gate_up", "attn_res")  # norms, the decay-gate projection, AttnRes queries
@@ -152,6 +154,7 @@ class Trainer:
         self.curriculum = Curriculum(train_cfg.stages, tokenizer, train_cfg.seed, train_cfg.data)
         self.total_steps = train_cfg.total_steps
         self.step, self.tokens = 0, 0
+        self.skipped_steps, self.bad_streak = 0, 0  # steps whose gradients were not finite
         self.val_cache: dict[int, list[dict[str, torch.Tensor]]] = {}
         self.forward = torch.compile(self.model) if train_cfg.compile else self.model
         if restored is not None:
@@ -164,6 +167,7 @@ class Trainer:
         return {
             "step": self.step,
             "tokens": self.tokens,
+            "skipped_steps": self.skipped_steps,
             "optimizer": self.opt.state_dict(),
             "rng": rng_state(),
             "curriculum": self.curriculum.state(),
@@ -177,6 +181,7 @@ class Trainer:
         self.curriculum.restore(state["curriculum"])
         set_rng_state(state["rng"])
         self.step, self.tokens = int(state["step"]), int(state["tokens"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
         self._truncate_metrics(self.step)
         log.info("resumed %s at step %d (%s)", self.run_dir, self.step, path.name)
 
@@ -241,7 +246,21 @@ class Trainer:
                     p.grad.mul_(self.tcfg.grad_accum / n_micro)
         clip = self.tcfg.grad_clip if self.tcfg.grad_clip > 0 else float("inf")
         gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
-        self.opt.step()
+        skipped = not math.isfinite(gnorm)
+        if skipped:  # an inf/nan gradient would poison every weight it touches (and Adam's moments)
+            self.opt.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+            self.bad_streak += 1
+            log.warning("step %d: non-finite gradient norm, optimizer step skipped", self.step)
+            if self.bad_streak >= MAX_BAD_STEPS:
+                raise FloatingPointError(
+                    f"{self.bad_streak} consecutive steps with non-finite gradients (last at step "
+                    f"{self.step}, lr {lr:.3g}); the weights are unchanged since the last good step: "
+                    "lower --lr, or resume from the last checkpoint"
+                )
+        else:
+            self.bad_streak = 0
+            self.opt.step()
         for m in self.model.moe_layers():
             m.update_balance()
         self.step += 1
@@ -257,6 +276,7 @@ class Trainer:
             "aux_loss": aux_sum / n_micro,
             "lr": lr,
             "grad_norm": gnorm,
+            "skipped": skipped,
             "tokens": self.tokens,
             "tokens_per_s": ntok / dt,
         }
@@ -326,4 +346,9 @@ class Trainer:
         if not self.tcfg.ckpt_every or self.step % self.tcfg.ckpt_every:
             self.save()
         self.export(self.run_dir / "final")
-        return {"steps": self.step, "tokens": self.tokens, "val_loss_at_stage_end": val_losses}
+        return {
+            "steps": self.step,
+            "tokens": self.tokens,
+            "skipped_steps": self.skipped_steps,
+            "val_loss_at_stage_end": val_losses,
+        }

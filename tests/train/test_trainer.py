@@ -162,3 +162,43 @@ def test_demo_end_to_end(tmp_path):
     md = (tmp_path / "demo/report.md").read_text()
     assert "unigram baseline" in md and "![loss.png](loss.png)" in md
     assert (tmp_path / "demo/loss.png").is_file() and (tmp_path / "demo/final/model.safetensors").is_file()
+
+
+def _poison(tr, steps):
+    """Make the gradient of one parameter NaN during the given (0-based) optimizer steps."""
+    p = next(tr.model.parameters())
+    p.register_hook(lambda g: torch.full_like(g, float("nan")) if tr.step in steps else g)
+
+
+def test_non_finite_gradient_step_is_skipped_and_weights_survive(tmp_path, mcfg, tok):
+    stages = [CurriculumStage("a", window=64, tokens=64 * 4 * 6, batch_size=4)]
+    tcfg = TrainConfig(stages=stages, warmup_steps=1, eval_every=0, ckpt_every=0, lr=3e-3, val_windows=2)
+    tr = Trainer(tmp_path / "run", mcfg, tcfg, tok, progress=False)
+    _poison(tr, {2})
+    recs = [tr.train_step() for _ in range(2)]
+    before = {k: v.clone() for k, v in tr.model.state_dict().items() if v.is_floating_point()}
+    exp_avg = {id(p): s["exp_avg"].clone() for p, s in tr.opt.state.items()}
+    recs.append(tr.train_step())  # the poisoned step
+    assert recs[-1]["skipped"] and not math.isfinite(recs[-1]["grad_norm"])
+    params = dict(tr.model.named_parameters())
+    for k, v in before.items():
+        if k in params:  # parameters untouched (buffers such as the balancing bias may still move)
+            assert torch.equal(params[k].detach(), v), k
+    assert all(torch.equal(s["exp_avg"], exp_avg[id(p)]) for p, s in tr.opt.state.items())
+    recs += [tr.train_step() for _ in range(3)]
+    assert not any(r["skipped"] for r in recs[:2] + recs[3:])
+    assert all(torch.isfinite(p).all() for p in tr.model.parameters())
+    assert tr.skipped_steps == 1 and tr.state()["skipped_steps"] == 1
+
+
+def test_persistent_non_finite_gradients_stop_with_a_clear_error(tmp_path, mcfg, tok):
+    from longmoe.train.pretrain import MAX_BAD_STEPS
+
+    stages = [CurriculumStage("a", window=64, tokens=64 * 4 * (MAX_BAD_STEPS + 4), batch_size=4)]
+    tcfg = TrainConfig(stages=stages, warmup_steps=1, eval_every=0, ckpt_every=0, lr=3e-3, val_windows=2)
+    tr = Trainer(tmp_path / "run", mcfg, tcfg, tok, progress=False)
+    _poison(tr, set(range(1, 10**6)))
+    with pytest.raises(FloatingPointError, match=f"{MAX_BAD_STEPS} consecutive steps with non-finite"):
+        tr.fit()
+    assert tr.step == MAX_BAD_STEPS  # steps 1..8 were bad; the 8th raises before counting itself
+    assert all(torch.isfinite(p).all() for p in tr.model.parameters())
