@@ -272,9 +272,12 @@ def kda_chunk(
     bc = _to_chunks(beta.unsqueeze(-1), dest, Tp, C, torch.empty(N, G, C, 1, **new))  # [N, G, C, 1]
 
     # ---- chunk-local work, batched over all N*G chunks at once -----------------------------------------
-    e_pos = gc.cumsum(dim=-2).exp()  # [N, G, C, K]  e^Γ, Γ in [C·g_min, 0]: finite iff |Γ| < ~88
+    gam = gc.cumsum(dim=-2)  # [N, G, C, K]  Γ in [C·g_min, 0]: e^{±Γ} finite iff |Γ| < ~88
+    e_pos = gam.exp()  # e^Γ
     kq_pos = kq * e_pos.unsqueeze(2)  # [N, G, 2, C, K]  K⊙e^Γ | Q⊙e^Γ
-    k_neg = kq[:, :, 0] / e_pos  # [N, G, C, K]  K⊙e^{−Γ}
+    # K⊙e^{−Γ} as a product with its own exp, not K / e^Γ: the backward of a division forms K·e^{−2Γ},
+    # which overflows fp32 once Γ < −44 (a channel near g_min for 9+ steps of a chunk): inf in dg
+    k_neg = kq[:, :, 0] * (-gam).exp()  # [N, G, C, K]
     inter = kq_pos.view(N, G, 2 * C, K) @ k_neg.transpose(-1, -2)  # [N, G, 2C, C]
     a_kk = torch.tril(bc * inter[..., :C, :], diagonal=-1)  # [N, G, C, C]  strictly lower: A
     a_qk = torch.tril(inter[..., C:, :])  # [N, G, C, C]  causal incl. diagonal: P

@@ -217,6 +217,23 @@ def test_unbounded_gates_overflow_bounded_do_not():
     close(o_b.double(), o_ref, 1e-4)
 
 
+def test_fp32_backward_at_the_decay_floor_is_finite_and_exact():
+    """Gates pinned near g_min (Γ → −80 inside a chunk, the bound's worst case): fp32 gradients are
+    finite and match float64. Regression: K / e^Γ in the forward made the backward form K·e^{−2Γ},
+    which overflowed to inf in dg once Γ < −44 (seen as a NaN at step 244 of a recipe run)."""
+    q, k, v, g, b = make_inputs(1, 80, 2, 16, 8, dtype=torch.float32, seed=10, h_scale=0.5, h_shift=12.0)
+    assert g.min() >= -5.0 and g.max() < -4.0  # all channels near the floor: Γ < −64 by a chunk end
+    do = torch.randn(1, 80, 2, 8, generator=torch.Generator().manual_seed(11))
+    grads = []
+    for dt in (torch.float32, F64):
+        xs = [x.to(dt).requires_grad_() for x in (q, k, v, g, b)]
+        o, _ = kda_chunk(*xs)
+        grads.append(torch.autograd.grad(o, xs, do.to(dt)))
+    for name, a, ref in zip(["q", "k", "v", "g", "beta"], *grads):
+        assert torch.isfinite(a).all(), f"d{name} not finite"
+        close(a.double(), ref, 1e-4 * max(1.0, ref.abs().max().item()))
+
+
 def test_bf16_long_sequence_65536_bounded():
     """bf16 kda_chunk at T = 65,536 with bounded gates: finite, within 3% (relative L2) of fp32."""
     q, k, v, g, b = make_inputs(1, 65536, 2, 16, 16, dtype=torch.float32, seed=9, h_scale=4.0)
