@@ -101,7 +101,9 @@ class MoELayer(nn.Module):
         cfg = self.cfg
         aux = self.training and cfg.balancer == "aux"
         W_r = self.router.weight  # [E, d]
-        with torch.set_grad_enabled(aux and torch.is_grad_enabled()):
+        # the router is fp32 even under autocast (which would run F.linear in bf16 and round the logits)
+        no_autocast = torch.autocast(device_type=xf.device.type, enabled=False)
+        with torch.set_grad_enabled(aux and torch.is_grad_enabled()), no_autocast:
             logits = F.linear(xf.float(), W_r.float())  # [N, E] router in fp32
             scores, idx, w = route(logits, self.bias, cfg.top_k, cfg.routed_scale)
         if not aux and torch.is_grad_enabled() and (xf.requires_grad or W_r.requires_grad):

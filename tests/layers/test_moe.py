@@ -187,3 +187,16 @@ def test_router_entropy_metric_is_a_strided_estimate_over_many_tokens():
     logged = float(layer.step_entropy[0] / layer.step_entropy[1])
     assert math.isclose(logged, sampled, rel_tol=1e-5)
     assert abs(logged - exact) < 0.01 * exact
+
+
+def test_router_stays_fp32_under_autocast():
+    """Under bf16 autocast the routing is the fp32 routing (bf16-rounded logits would flip choices)."""
+    torch.manual_seed(3)
+    layer = MoELayer(64, _cfg(n_experts=64, top_k=4))
+    x = torch.randn(512, 64)
+    layer(x)
+    fp32_counts = layer.step_counts.clone()
+    layer.step_counts.zero_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(x)
+    assert torch.equal(layer.step_counts, fp32_counts)
