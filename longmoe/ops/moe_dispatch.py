@@ -115,8 +115,12 @@ def selected_logits(
 
 
 def combine_weights(selected: torch.Tensor, routed_scale: float = 1.0) -> torch.Tensor:
-    """Combine weights from the *unbiased* selected scores [N, k]: renormalised to 1, times the scale."""
-    return selected / selected.sum(-1, keepdim=True) * routed_scale
+    """Combine weights from the *unbiased* selected scores [N, k]: renormalised to 1, times the scale.
+
+    The ``1e-20`` keeps a token whose selected sigmoid scores all underflow to 0 (logits below ~−104,
+    reachable when the bias picks experts) at weight 0 instead of 0/0 = NaN.
+    """
+    return selected / (selected.sum(-1, keepdim=True) + 1e-20) * routed_scale
 
 
 # ----------------------------------------------------------------------------------------------------------

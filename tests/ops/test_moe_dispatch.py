@@ -160,3 +160,12 @@ def test_selected_logits_sparse_backward_equals_dense_gather(dtype):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(gx.float(), rx, atol=tol, rtol=tol)
     torch.testing.assert_close(gW.float(), rW, atol=tol, rtol=tol)
+
+
+def test_combine_weights_stay_finite_when_selected_scores_underflow():
+    """Logits far below −104 make sigmoid exactly 0: weights are 0 (no NaN), gradients finite."""
+    logits = torch.full((3, 6), -300.0, requires_grad=True)
+    _, idx, w = route(logits, torch.zeros(6), 2)
+    assert torch.isfinite(w).all() and (w == 0).all()
+    w.sum().backward()
+    assert torch.isfinite(logits.grad).all()
