@@ -7,10 +7,10 @@ implementation (a Python loop over the experts hit) and its ``grouped_mm`` one (
 chosen through ``config._experts_implementation``.
 
 FLOPs are the useful work only (router, latent projections, k routed experts per token, shared expert;
-padding not counted); fwd+bwd counts 3× the forward. The roofline is this machine's ``torch.mm``
-throughput measured in the same run. The default transformers loop allocates a full-size gradient per
-expert hit in backward (minutes at E = 896), so for E > 64 its fwd+bwd is timed once (one repetition,
-no warm-up) and in fp32 only.
+padding not counted); fwd+bwd counts 3× the forward. The roofline is this machine's peak ``torch.mm``
+throughput, read just before and after each row's timings (the higher of the two). The default
+transformers loop allocates a full-size gradient per expert hit in backward (minutes at E = 896), so
+for E > 64 its fwd+bwd is timed once (one repetition, no warm-up) and in fp32 only.
 
     python bench/moe.py            # E in {8, 64, 256, 896}, fp32 and bf16, plus α = 4
     python bench/moe.py --quick    # E in {8, 64}, 512 tokens, fp32 (seconds)
@@ -94,7 +94,13 @@ def time_module(mod, x: torch.Tensor, backward: bool, iters: int, warmup: int = 
     return timeit(step, warmup=warmup, iters=iters, max_seconds=600.0)
 
 
-def run_case(E: int, n_tokens: int, dtype: torch.dtype, alpha: int, roof: float, iters: int, peers: bool):
+def run_case(E: int, n_tokens: int, dtype: torch.dtype, alpha: int, iters: int, peers: bool):
+    """Rows ``[E, dtype, α, impl, fwd s, fwd/roof, fwd+bwd s, fwd+bwd/roof, max rel err, roof GFLOP/s]``.
+
+    The roofline of each row is the peak ``torch.mm`` read just before and just after that row's
+    timings (the higher): this machine's speed drifts by ±30% over minutes, so a roofline read once at
+    the start would misstate shares measured later.
+    """
     cfg = FFNConfig(
         kind="moe",
         n_experts=E,
@@ -123,12 +129,12 @@ def run_case(E: int, n_tokens: int, dtype: torch.dtype, alpha: int, roof: float,
             try:
                 out = mod(xd.unsqueeze(0)).squeeze(0).float()
             except Exception as e:  # noqa: BLE001 - a peer that cannot run this dtype is reported, not fatal
-                rows.append(
-                    [E, str(dtype).split(".")[1], alpha, name, f"error: {type(e).__name__}", "", "", ""]
-                )
+                err_row = [E, str(dtype).split(".")[1], alpha, name, f"error: {type(e).__name__}"]
+                rows.append(err_row + [""] * 5)
                 continue
         err = 0.0 if ref is None else float((out - ref).abs().max() / ref.abs().max())
         ref = out if ref is None else ref
+        roof = gemm_roofline(dtype)
         tf = time_module(mod, xd, False, iters)
         slow_loop = name == "transformers eager" and E > DEFAULT_LOOP_MAX_E
         if slow_loop and dtype != torch.float32:
@@ -137,9 +143,9 @@ def run_case(E: int, n_tokens: int, dtype: torch.dtype, alpha: int, roof: float,
             tb = time_module(mod, xd, True, 1, warmup=0)  # one repetition, no warm-up
         else:
             tb = time_module(mod, xd, True, iters)
-        rows.append(
-            [E, str(dtype).split(".")[1], alpha, name, tf, flops / tf / roof, tb, 3 * flops / tb / roof, err]
-        )
+        roof = max(roof, gemm_roofline(dtype))
+        dt = str(dtype).split(".")[1]
+        rows.append([E, dt, alpha, name, tf, flops / tf / roof, tb, 3 * flops / tb / roof, err, roof / 1e9])
     return rows
 
 
@@ -154,14 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     Es = [8, 64] if args.quick else [8, 64, 256, 896]
     dtypes = [torch.float32] if args.quick else [torch.float32, torch.bfloat16]
     results, table = [], []
-    roofs = {}
     for dtype in dtypes:
-        roofs[str(dtype)] = roof = gemm_roofline(dtype)
         for E in Es:
-            table += run_case(E, n_tokens, dtype, 1, roof, args.iters, True)
+            table += run_case(E, n_tokens, dtype, 1, args.iters, True)
         if not args.quick:
-            table += run_case(896, n_tokens, dtype, 4, roof, args.iters, False)
+            table += run_case(896, n_tokens, dtype, 4, args.iters, False)
+    roofs = {
+        str(dt): [r[9] * 1e9 for r in table if r[1] == str(dt).split(".")[1] and not isinstance(r[4], str)]
+        for dt in dtypes
+    }
     header = ["E", "dtype", "α", "impl", "fwd s", "fwd/roof", "fwd+bwd s", "fwd+bwd/roof", "max rel err"]
+    header.append("roof GFLOP/s")
     # ratios against the peers and against E = 8, same dtype/α
     by = {(r[0], r[1], r[2], r[3]): r for r in table if not isinstance(r[4], str)}
     for r in table:
@@ -186,9 +195,12 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
     md = (
-        f"MoE layer, {n_tokens} tokens, d = {D}, f = {F_HID}, k = {K}, 1 shared expert; roofline = torch.mm "
-        + ", ".join(f"{k.split('.')[1]} {v / 1e9:.0f} GFLOP/s" for k, v in roofs.items())
-        + " (shared machine; "
+        f"MoE layer, {n_tokens} tokens, d = {D}, f = {F_HID}, k = {K}, 1 shared expert; roofline = peak "
+        + "torch.mm read around each row (range "
+        + ", ".join(
+            f"{k.split('.')[1]} {min(v) / 1e9:.0f}-{max(v) / 1e9:.0f} GFLOP/s" for k, v in roofs.items()
+        )
+        + "; shared machine; "
         + ("freed memory kept for reuse, longmoe/runtime.py" if MALLOC_TUNED else "glibc default malloc")
         + ")\n\n"
         + markdown_table(header, table)
