@@ -3,12 +3,13 @@
 PyTorch's CPU allocator is plain ``malloc``. glibc serves every block above its mmap threshold (at most
 32 MB) with a fresh ``mmap`` and unmaps it on free, so a tensor that size is page-faulted in (and
 zeroed by the kernel) on *every* allocation. A MoE layer with E = 896 experts allocates ~0.7 GB of
-expert-weight gradients plus ~0.3 GB of padded dispatch buffers per step: measured on 2 cores, 310k minor faults
-and 0.8 s of system time per forward+backward, more than half the compute. ``retain_freed_memory``
-turns ``mmap`` off for large blocks and heap trimming off, so such blocks come from the heap and are
-reused across steps: the same role as a caching allocator on GPU, or jemalloc/tcmalloc, which
-PyTorch's CPU tuning guide recommends. The cost: the process keeps its peak heap (RSS does not shrink
-after a large step), which is what a training or serving process wants anyway.
+expert-weight gradients plus ~0.3 GB of padded dispatch buffers per step: measured on 2 cores, 310k
+minor faults and 0.8 s of system time per forward+backward, more than half the compute.
+
+``retain_freed_memory`` turns ``mmap`` off for large blocks and heap trimming off, so such blocks come
+from the heap and are reused across steps: the role a caching allocator plays on GPU, or jemalloc /
+tcmalloc on CPU (which PyTorch's CPU tuning guide recommends). The cost: the process keeps its peak
+heap (RSS does not shrink after a large step), which is what a training or serving process wants.
 
 It is applied by the ``longmoe`` CLI and the benchmarks (both peers in a benchmark share the process,
 so comparisons stay fair); ``LONGMOE_MALLOC_TUNE=0`` disables it.
