@@ -23,8 +23,16 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
 
-def timeit(fn: Callable[[], object], *, warmup: int = 1, iters: int = 3, max_seconds: float = 60.0) -> float:
-    """Median wall time of ``fn()`` in seconds (stops early once ``max_seconds`` is spent)."""
+def timeit(
+    fn: Callable[[], object],
+    *,
+    warmup: int = 1,
+    iters: int = 3,
+    max_seconds: float = 60.0,
+    stat: Callable[[list[float]], float] = statistics.median,
+) -> float:
+    """Wall time of ``fn()`` in seconds, ``stat`` (median) over ``iters`` runs (fewer once ``max_seconds``
+    is spent)."""
     for _ in range(warmup):
         fn()
     times: list[float] = []
@@ -35,7 +43,7 @@ def timeit(fn: Callable[[], object], *, warmup: int = 1, iters: int = 3, max_sec
         times.append(time.perf_counter() - t0)
         if time.perf_counter() - start > max_seconds:
             break
-    return statistics.median(times)
+    return stat(times)
 
 
 def gemm_roofline(dtype: torch.dtype = torch.float32, n: int = 1024, iters: int = 9) -> float:
@@ -46,14 +54,7 @@ def gemm_roofline(dtype: torch.dtype = torch.float32, n: int = 1024, iters: int 
     """
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
-    for _ in range(2):
-        torch.mm(a, b)
-    best = float("inf")
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n**3 / best
+    return 2.0 * n**3 / timeit(lambda: torch.mm(a, b), warmup=2, iters=iters, stat=min)
 
 
 def machine_info() -> dict:

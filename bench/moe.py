@@ -114,6 +114,7 @@ def run_case(E: int, n_tokens: int, dtype: torch.dtype, alpha: int, iters: int, 
     layer = MoELayer(D, cfg)  # N(0, 0.02) router and experts: non-degenerate routing
     x = torch.randn(n_tokens, D)
     flops = moe_flops(n_tokens, D, cfg)
+    dt = str(dtype).split(".")[1]
     rows = []
     impls = {"longmoe": layer}
     if peers and alpha == 1:
@@ -129,8 +130,7 @@ def run_case(E: int, n_tokens: int, dtype: torch.dtype, alpha: int, iters: int, 
             try:
                 out = mod(xd.unsqueeze(0)).squeeze(0).float()
             except Exception as e:  # noqa: BLE001 - a peer that cannot run this dtype is reported, not fatal
-                err_row = [E, str(dtype).split(".")[1], alpha, name, f"error: {type(e).__name__}"]
-                rows.append(err_row + [""] * 5)
+                rows.append([E, dt, alpha, name, f"error: {type(e).__name__}"] + [""] * 5)
                 continue
         err = 0.0 if ref is None else float((out - ref).abs().max() / ref.abs().max())
         ref = out if ref is None else ref
@@ -144,7 +144,6 @@ def run_case(E: int, n_tokens: int, dtype: torch.dtype, alpha: int, iters: int, 
         else:
             tb = time_module(mod, xd, True, iters)
         roof = max(roof, gemm_roofline(dtype))
-        dt = str(dtype).split(".")[1]
         rows.append([E, dt, alpha, name, tf, flops / tf / roof, tb, 3 * flops / tb / roof, err, roof / 1e9])
     return rows
 
@@ -169,8 +168,18 @@ def main(argv: list[str] | None = None) -> int:
         str(dt): [r[9] * 1e9 for r in table if r[1] == str(dt).split(".")[1] and not isinstance(r[4], str)]
         for dt in dtypes
     }
-    header = ["E", "dtype", "α", "impl", "fwd s", "fwd/roof", "fwd+bwd s", "fwd+bwd/roof", "max rel err"]
-    header.append("roof GFLOP/s")
+    header = [
+        "E",
+        "dtype",
+        "α",
+        "impl",
+        "fwd s",
+        "fwd/roof",
+        "fwd+bwd s",
+        "fwd+bwd/roof",
+        "max rel err",
+        "roof GFLOP/s",
+    ]
     # ratios against the peers and against E = 8, same dtype/α
     by = {(r[0], r[1], r[2], r[3]): r for r in table if not isinstance(r[4], str)}
     for r in table:
