@@ -50,10 +50,15 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class Document:
-    """One training/eval document: its text and where it came from (a path, path:line, or a tag)."""
+    """One training/eval document: its text and where it came from (a path, path:line, or a tag).
+
+    ``loss_from`` (a character offset) makes ``text[:loss_from]`` context only: its tokens are read but
+    not predicted, as in SFT prompt masking (task documents: learn the answer, not the filler).
+    """
 
     text: str
     source: str
+    loss_from: int | None = None
 
 
 def split_of(key: str, val_fraction: float = VAL_FRACTION) -> str:

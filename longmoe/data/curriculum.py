@@ -22,9 +22,12 @@ from longmoe.data.packing import Packer, collate
 from longmoe.train.config import CurriculumStage
 
 
-def _mix_key(mix: dict[str, float], length: int) -> str:
+def _mix_key(mix: dict[str, float], length: int, synthetic_loss: str = "all") -> str:
     synth = any(k.startswith("synthetic") for k in mix)
-    return json.dumps({"mix": dict(sorted(mix.items())), "len": length if synth else None})
+    key: dict[str, Any] = {"mix": dict(sorted(mix.items())), "len": length if synth else None}
+    if synth and synthetic_loss != "all":  # the default keeps the keys of existing checkpoints
+        key["loss"] = synthetic_loss
+    return json.dumps(key)
 
 
 class Curriculum:
@@ -60,8 +63,8 @@ class Curriculum:
             batch -= s.steps
         return len(self.stages)
 
-    def packer(self, mix: dict[str, float], length: int) -> Packer:
-        key = _mix_key(mix, length)
+    def packer(self, mix: dict[str, float], length: int, synthetic_loss: str = "all") -> Packer:
+        key = _mix_key(mix, length, synthetic_loss)
         if key not in self._packers:
             src = make_mix(
                 mix,
@@ -70,6 +73,7 @@ class Curriculum:
                 self.tok,
                 self.data,
                 synthetic_length=length,
+                synthetic_loss=synthetic_loss,
             )
             p = Packer(src, self.tok.encode, self.tok.bos_id, self.tok.eos_id)
             if key in self._saved:
@@ -83,10 +87,10 @@ class Curriculum:
         if self.done:
             raise StopIteration("curriculum finished")
         s = self.stage
-        main = self.packer(s.mix, s.window)
+        main = self.packer(s.mix, s.window, s.synthetic_loss)
         windows = [main.next_window(s.window) for _ in range(s.batch_size)]
         if s.n_replay:
-            rep = self.packer(s.replay_mix, s.replay_window)
+            rep = self.packer(s.replay_mix, s.replay_window, s.synthetic_loss)
             windows += [rep.next_window(s.replay_window) for _ in range(s.n_replay)]
         batch = collate(windows)
         batch.update(

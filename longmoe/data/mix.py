@@ -23,6 +23,7 @@ from longmoe.data.corpus import Document, corpus_documents
 from longmoe.data.packing import DocSource, StreamSource
 
 SYNTHETIC_TASKS = ("niah", "multihop", "conflict", "recall")
+SYNTHETIC_LOSS = ("all", "answer")  # which tokens of a task document are training targets
 
 
 def _unit(seed: int, i: int) -> float:
@@ -77,11 +78,19 @@ class SyntheticSource:
     ``length × U[length_range]`` tokens, not the full window: packed back to back with bos/eos, a
     full-window document would always be cut, its question and answer landing in the next window
     without the context they depend on.
+
+    With ``loss="answer"`` only the answer (and the closing eos) is a target: the filler and question
+    are context, as in SFT. Small models otherwise spend nearly all of a task document's gradient on
+    predicting filler prose and learn retrieval very slowly (docs/eval.md has the measurements).
     """
 
     length_range: tuple[float, float] = (0.4, 0.9)
 
-    def __init__(self, tasks: tuple[str, ...], length: int, seed: int, tokenizer: Any) -> None:
+    def __init__(
+        self, tasks: tuple[str, ...], length: int, seed: int, tokenizer: Any, loss: str = "all"
+    ) -> None:
+        if loss not in SYNTHETIC_LOSS:
+            raise ValueError(f"synthetic loss={loss!r} is invalid: expected one of {SYNTHETIC_LOSS}")
         try:
             from longmoe.eval import tasks as task_mod
         except ImportError as e:
@@ -91,6 +100,7 @@ class SyntheticSource:
             ) from e
         self._generate = task_mod.generate
         self.tasks, self.length, self.seed, self.tokenizer = tasks, length, seed, tokenizer
+        self.loss = loss
         self.i = 0
 
     def next(self) -> Document:
@@ -112,7 +122,8 @@ class SyntheticSource:
         if item is None:
             raise err  # type: ignore[misc]
         self.i += 1
-        return Document(text=item_text(item), source=f"synthetic:{task}:{self.seed + self.i - 1}")
+        loss_from = len(item.prompt()) if self.loss == "answer" else None
+        return Document(item_text(item), f"synthetic:{task}:{self.seed + self.i - 1}", loss_from)
 
     def state(self) -> dict[str, Any]:
         return {"i": self.i}
@@ -136,6 +147,7 @@ def make_source(
     tokenizer: Any = None,
     data: str | Path | None = None,
     synthetic_length: int = 1024,
+    synthetic_loss: str = "all",
 ) -> DocSource:
     """Build the named source (see module docstring) for ``split``; shuffled per epoch with ``seed``."""
     if name in ("file", "package"):
@@ -152,7 +164,8 @@ def make_source(
             raise ValueError(f"unknown synthetic task(s) {bad} in source {name!r}; known: {SYNTHETIC_TASKS}")
         if tokenizer is None:
             raise ValueError("synthetic sources need the tokenizer (lengths are in tokens)")
-        return SyntheticSource(tasks, synthetic_length, seed + (0 if split == "train" else 10**6), tokenizer)
+        split_seed = seed + (0 if split == "train" else 10**6)
+        return SyntheticSource(tasks, synthetic_length, split_seed, tokenizer, synthetic_loss)
     raise ValueError(
         f"unknown data source {name!r}: expected 'file', 'package', 'synthetic' or "
         f"'synthetic:<task>[+<task>...]' with tasks from {SYNTHETIC_TASKS}"
@@ -166,13 +179,14 @@ def make_mix(
     tokenizer: Any = None,
     data: str | Path | None = None,
     synthetic_length: int = 1024,
+    synthetic_loss: str = "all",
 ) -> DocSource:
     """One ``MixSource`` over the sources named in ``mix`` (a single source is returned as is)."""
     active = {n: w for n, w in mix.items() if w > 0}
     if not active:
         raise ValueError(f"data mix {mix} has no source with a positive weight")
     srcs = {
-        n: make_source(n, split, seed + k, tokenizer, data, synthetic_length)
+        n: make_source(n, split, seed + k, tokenizer, data, synthetic_length, synthetic_loss)
         for k, n in enumerate(sorted(active))
     }
     if len(srcs) == 1:

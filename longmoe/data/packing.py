@@ -6,7 +6,8 @@ neither the KDA state nor MLA attention crosses a document. Labels are *pre-shif
 (``labels[t]`` is the target of position ``t``); the last token of a document (its ``eos``) has
 label -100 because its successor belongs to another document. A document cut by the window edge
 keeps its true next-token label on the last position (same document), and continues as a fresh
-segment in the next window.
+segment in the next window. A document with ``loss_from`` has no targets before that point (its
+context is read, not learned: SFT-style masking of task prompts).
 
 Resuming needs no token buffer: the state is the document source's position *before* the current
 document plus the offset into that document; restoring re-reads and re-tokenizes that one document.
@@ -88,12 +89,18 @@ class Packer:
         self.bos_id, self.eos_id = bos_id, eos_id
         self._doc_state: dict[str, Any] = source.state()  # source position before the current doc
         self._cur: list[int] = []
+        self._first_target = 1  # index in _cur of the first token that is a training target
         self._off = 0
 
     def _load_next(self) -> None:
         self._doc_state = self.source.state()
         doc = self.source.next()
-        self._cur = [self.bos_id] + self.encode(doc.text) + [self.eos_id]
+        if doc.loss_from is None:
+            body, self._first_target = self.encode(doc.text), 1
+        else:  # tokenized in two parts, so the boundary is a token boundary (as when prompting)
+            head = self.encode(doc.text[: doc.loss_from])
+            body, self._first_target = head + self.encode(doc.text[doc.loss_from :]), 1 + len(head)
+        self._cur = [self.bos_id] + body + [self.eos_id]
         self._off = 0
 
     def state(self) -> dict[str, Any]:
@@ -120,7 +127,9 @@ class Packer:
             piece = self._cur[self._off : end]
             nxt = self._cur[end] if end < len(self._cur) else IGNORE_INDEX  # same doc or boundary
             ids += piece
-            labels += piece[1:] + [nxt]
+            targets = piece[1:] + [nxt]  # target of _cur[j] is _cur[j + 1]
+            skip = min(max(0, self._first_target - 1 - self._off), take)  # context-only positions
+            labels += [IGNORE_INDEX] * skip + targets[skip:]
             segs.append(take)
             self._off = end
         return Window(ids, labels, segs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from longmoe.config import ConfigError, ModelConfig, preset
 from longmoe.data.corpus import DataError
-from longmoe.train.config import TrainConfig, tiny_curriculum
+from longmoe.train.config import CurriculumStage, TrainConfig, tiny_curriculum
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,6 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--no-synthetic",
         action="store_true",
         help="leave the synthetic long-context task documents out of the long-window stages",
+    )
+    g.add_argument(
+        "--synthetic-loss",
+        choices=["all", "answer"],
+        help="targets in task documents: every token (default) or only the answers, SFT-style "
+        "(sets every stage's synthetic_loss)",
     )
     g = p.add_argument_group("schedule")
     g.add_argument("--train-config", type=Path, help="train_config.json (curriculum + optimiser settings)")
@@ -70,6 +77,13 @@ def build_train_config(args: argparse.Namespace) -> TrainConfig:
     for k in OVERRIDES:
         if getattr(args, k) is not None:
             d[k] = getattr(args, k)
+    if args.synthetic_loss is not None:
+        d["stages"] = [
+            dataclasses.replace(st, synthetic_loss=args.synthetic_loss)
+            if isinstance(st, CurriculumStage)
+            else {**st, "synthetic_loss": args.synthetic_loss}
+            for st in d["stages"]
+        ]
     if args.bf16:
         d["bf16"] = True
     if args.compile:

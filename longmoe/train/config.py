@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.config import ConfigError, _check
+from longmoe.data.mix import SYNTHETIC_LOSS
 
 SCHEDULES = ("cosine", "wsd", "constant")
 
@@ -38,6 +39,7 @@ class CurriculumStage:
     replay_fraction: float = 0.0
     replay_window: int = 256
     replay_mix: dict[str, float] = field(default_factory=lambda: {"file": 1.0})
+    synthetic_loss: str = "all"  # "answer": task documents train on their answers only (SFT-style)
 
     def validate(self, i: int = 0) -> None:
         p = f"stages[{i}]"
@@ -61,6 +63,12 @@ class CurriculumStage:
                 m,
                 "a non-empty dict source -> non-negative weight with a positive sum",
             )
+        _check(
+            self.synthetic_loss in SYNTHETIC_LOSS,
+            f"{p}.synthetic_loss",
+            self.synthetic_loss,
+            f"one of {SYNTHETIC_LOSS}",
+        )
         if self.replay_fraction > 0:
             _check(
                 self.replay_window <= self.window,

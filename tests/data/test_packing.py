@@ -100,3 +100,43 @@ def test_empty_source_is_clear_error() -> None:
     p = Packer(StreamSource(lambda e: iter(()), name="empty"), _encode, BOS, EOS)
     with pytest.raises(DataError, match="empty"):
         p.next_window(4)
+
+
+def _masked_docs(lengths: list[int], heads: list[int]) -> StreamSource:
+    """Like ``_docs``, but the first ``heads[d]`` words of document d are context only (``loss_from``)."""
+
+    def factory(epoch: int) -> Iterator[Document]:
+        for d, (n, h) in enumerate(zip(lengths, heads)):
+            words = [f"{d}.{j}" for j in range(n)]
+            head = " ".join(words[:h]) + (" " if h else "")
+            yield Document(text=head + " ".join(words[h:]), source=f"d{d}", loss_from=len(head))
+
+    return StreamSource(factory)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 30), st.integers(0, 30)), min_size=1, max_size=6),
+    st.integers(1, 23),
+)
+def test_loss_from_masks_exactly_the_context(docs: list[tuple[int, int]], window: int) -> None:
+    """Tokens of ``text[:loss_from]`` are never targets, every later token is, whatever the window cuts."""
+    lengths = [n for n, _ in docs]
+    heads = [min(h, n) for n, h in docs]
+    p = Packer(_masked_docs(lengths, heads), _encode, BOS, EOS)
+    targets: list[int] = []
+    total = sum(n + 2 for n in lengths)  # one pass over the documents, bos + tokens + eos each
+    while len(targets) < 2 * total:
+        w = p.next_window(window)
+        targets += [t for t in w.labels if t != IGNORE_INDEX]
+    want: list[int] = []
+    for d, (n, h) in enumerate(zip(lengths, heads)):
+        want += [1000 * (d + 1) + j for j in range(h, n)] + [EOS]  # the answer part, then its eos
+    assert targets[: len(want)] == want
+
+
+def test_loss_from_none_and_zero_train_on_everything() -> None:
+    """No ``loss_from`` and ``loss_from=0`` give the same labels (all next tokens)."""
+    a = Packer(_docs([7, 4]), _encode, BOS, EOS).next_window(13)
+    b = Packer(_masked_docs([7, 4], [0, 0]), _encode, BOS, EOS).next_window(13)
+    assert a.labels == b.labels and a.input_ids == b.input_ids

@@ -48,4 +48,7 @@ def test_recipe_config_validation_and_train_config():
     tc = train_config(rc)
     (stage,) = tc.stages
     assert stage.window == rc.window and stage.tokens == 8192
-    assert stage.mix == {"file": 0.25, "synthetic": 0.75}
+    assert stage.mix == pytest.approx({"file": 1 - rc.synthetic_share, "synthetic": rc.synthetic_share})
+    assert stage.synthetic_loss == rc.synthetic_loss == "answer"
+    with pytest.raises(ValueError, match="synthetic_loss"):
+        RecipeConfig(synthetic_loss="prompt")

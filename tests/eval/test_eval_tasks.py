@@ -170,3 +170,21 @@ def test_training_mix_renders_synthetic_documents(tok):
         assert "\nQuestion: " in d.text and "\nAnswer: " in d.text
         n = len(tok.encode(d.text)) + 2  # + bos, eos: the whole document fits one packed window
         assert 0.35 * 512 <= n < 512, n
+
+
+def test_answer_only_training_documents_target_the_answer(tok):
+    """With synthetic_loss="answer" a packed task document's only targets are its answer and eos."""
+    from longmoe.data.packing import IGNORE_INDEX, Packer
+
+    src = make_source("synthetic", "train", 0, tok, synthetic_length=512, synthetic_loss="answer")
+    ref = make_source("synthetic", "train", 0, tok, synthetic_length=512)
+    p = Packer(src, tok.encode, tok.bos_id, tok.eos_id)
+    for _ in range(len(FAMILIES)):
+        doc = ref.next()
+        answer = doc.text.rsplit("\nAnswer:", 1)[1]  # " 4829371\n"
+        head, tail = tok.encode(doc.text[: len(doc.text) - len(answer)]), tok.encode(answer)
+        w = p.next_window(len(head) + len(tail) + 2)  # exactly this one document, bos to eos
+        assert w.input_ids == [tok.bos_id, *head, *tail, tok.eos_id]
+        assert [t for t in w.labels if t != IGNORE_INDEX] == [*tail, tok.eos_id]
+    with pytest.raises(ValueError, match="synthetic loss='x' is invalid"):
+        make_source("synthetic", "train", 0, tok, synthetic_loss="x")

@@ -202,3 +202,25 @@ def test_persistent_non_finite_gradients_stop_with_a_clear_error(tmp_path, mcfg,
         tr.fit()
     assert tr.step == MAX_BAD_STEPS  # steps 1..8 were bad; the 8th raises before counting itself
     assert all(torch.isfinite(p).all() for p in tr.model.parameters())
+
+
+def test_cli_synthetic_loss_sets_every_stage(tmp_path):
+    """``longmoe train --synthetic-loss answer`` reaches every stage, default curriculum or a file's."""
+    import argparse
+
+    from longmoe.train.cli import add_arguments, build_train_config
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    tc = build_train_config(p.parse_args(["--synthetic-loss", "answer"]))
+    assert len(tc.stages) > 1 and {s.synthetic_loss for s in tc.stages} == {"answer"}
+    assert {s.synthetic_loss for s in build_train_config(p.parse_args([])).stages} == {"all"}
+    f = tmp_path / "train_config.json"
+    f.write_text(json.dumps({"stages": [{"name": "a", "window": 128, "tokens": 1024, "mix": {"file": 1.0}}]}))
+    (st,) = build_train_config(p.parse_args(["--train-config", str(f), "--synthetic-loss", "answer"])).stages
+    assert st.synthetic_loss == "answer"
+    f.write_text(
+        json.dumps({"stages": [{"name": "a", "window": 128, "tokens": 1024, "synthetic_loss": "x"}]})
+    )
+    with pytest.raises(ConfigError, match=r"stages\[0\].synthetic_loss"):
+        build_train_config(p.parse_args(["--train-config", str(f)]))

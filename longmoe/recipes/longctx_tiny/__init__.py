@@ -42,10 +42,11 @@ class RecipeConfig:
     reference_pattern: str = "LLLM"
     preset: str = "tiny"
     window: int = 512
-    tokens: int = 2_000_000
+    tokens: int = 4_000_000
     batch_size: int = 8
-    synthetic_share: float = 0.75
-    synthetic_length: list[float] = field(default_factory=lambda: [0.4, 0.9])
+    synthetic_share: float = 0.8
+    synthetic_length: list[float] = field(default_factory=lambda: [0.2, 0.9])
+    synthetic_loss: str = "answer"  # task documents train on their answers (see module doc)
     lr: float = 3e-3
     warmup_steps: int = 20
     seed: int = 0
@@ -54,7 +55,7 @@ class RecipeConfig:
     eval_tasks: list[str] = field(default_factory=lambda: ["niah", "multihop", "conflict", "recall"])
     eval_multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     eval_depths: int = 3
-    eval_n: int = 4
+    eval_n: int = 6
     eval_seed: int = 1000
     ppl_docs: int = 2
 
@@ -68,6 +69,8 @@ class RecipeConfig:
             )
         if not 0.0 <= self.synthetic_share < 1.0:
             raise ValueError(f"synthetic_share={self.synthetic_share} is invalid: expected a float in [0, 1)")
+        if self.synthetic_loss not in ("all", "answer"):
+            raise ValueError(f"synthetic_loss={self.synthetic_loss!r} is invalid: expected 'all' or 'answer'")
         lo, hi = self.synthetic_length
         if not 0.0 < lo <= hi < 1.0:
             raise ValueError(
@@ -131,7 +134,14 @@ def train_config(rc: RecipeConfig) -> Any:
     mix = {"file": 1.0 - rc.synthetic_share, "synthetic": rc.synthetic_share}
     if rc.synthetic_share == 0:
         mix = {"file": 1.0}
-    stage = CurriculumStage("short", window=rc.window, tokens=rc.tokens, batch_size=rc.batch_size, mix=mix)
+    stage = CurriculumStage(
+        "short",
+        window=rc.window,
+        tokens=rc.tokens,
+        batch_size=rc.batch_size,
+        mix=mix,
+        synthetic_loss=rc.synthetic_loss,
+    )
     steps = stage.steps
     return TrainConfig(
         stages=[stage],
