@@ -42,7 +42,7 @@ class RecipeConfig:
     reference_pattern: str = "LLLM"
     preset: str = "tiny"
     window: int = 512
-    tokens: int = 4_000_000
+    tokens: int = 3_000_000
     batch_size: int = 8
     synthetic_share: float = 0.8
     synthetic_length: list[float] = field(default_factory=lambda: [0.2, 0.9])
