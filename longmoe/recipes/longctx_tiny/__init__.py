@@ -69,8 +69,12 @@ class RecipeConfig:
             )
         if not 0.0 <= self.synthetic_share < 1.0:
             raise ValueError(f"synthetic_share={self.synthetic_share} is invalid: expected a float in [0, 1)")
-        if self.synthetic_loss not in ("all", "answer"):
-            raise ValueError(f"synthetic_loss={self.synthetic_loss!r} is invalid: expected 'all' or 'answer'")
+        from longmoe.data.mix import SYNTHETIC_LOSS
+
+        if self.synthetic_loss not in SYNTHETIC_LOSS:
+            raise ValueError(
+                f"synthetic_loss={self.synthetic_loss!r} is invalid: expected one of {SYNTHETIC_LOSS}"
+            )
         lo, hi = self.synthetic_length
         if not 0.0 < lo <= hi < 1.0:
             raise ValueError(
