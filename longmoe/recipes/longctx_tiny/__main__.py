@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -134,6 +135,8 @@ def run_parallel(args: argparse.Namespace, patterns: list[str]) -> int:
     """
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     pending, running, failed = list(patterns), {}, 0
+    # a SIGTERM'd parent unwinds through ``finally`` like Ctrl-C does, so children stop with it
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         while pending or running:
             while pending and len(running) < args.jobs:
@@ -156,6 +159,7 @@ def run_parallel(args: argparse.Namespace, patterns: list[str]) -> int:
             proc.terminate()
             proc.wait()
             log.close()
+        signal.signal(signal.SIGTERM, previous)
     return failed
 
 
