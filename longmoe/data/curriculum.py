@@ -22,11 +22,19 @@ from longmoe.data.packing import Packer, collate
 from longmoe.train.config import CurriculumStage
 
 
-def _mix_key(mix: dict[str, float], length: int, synthetic_loss: str = "all") -> str:
+def _mix_key(
+    mix: dict[str, float],
+    length: int,
+    synthetic_loss: str = "all",
+    synthetic_range: list[float] | None = None,
+) -> str:
     synth = any(k.startswith("synthetic") for k in mix)
     key: dict[str, Any] = {"mix": dict(sorted(mix.items())), "len": length if synth else None}
-    if synth and synthetic_loss != "all":  # the default keeps the keys of existing checkpoints
+    # defaults add nothing, so the keys (and data order) of existing checkpoints stay the same
+    if synth and synthetic_loss != "all":
         key["loss"] = synthetic_loss
+    if synth and synthetic_range is not None:
+        key["range"] = [float(x) for x in synthetic_range]
     return json.dumps(key)
 
 
@@ -63,8 +71,14 @@ class Curriculum:
             batch -= s.steps
         return len(self.stages)
 
-    def packer(self, mix: dict[str, float], length: int, synthetic_loss: str = "all") -> Packer:
-        key = _mix_key(mix, length, synthetic_loss)
+    def packer(
+        self,
+        mix: dict[str, float],
+        length: int,
+        synthetic_loss: str = "all",
+        synthetic_range: list[float] | None = None,
+    ) -> Packer:
+        key = _mix_key(mix, length, synthetic_loss, synthetic_range)
         if key not in self._packers:
             src = make_mix(
                 mix,
@@ -74,6 +88,7 @@ class Curriculum:
                 self.data,
                 synthetic_length=length,
                 synthetic_loss=synthetic_loss,
+                synthetic_range=tuple(synthetic_range) if synthetic_range is not None else None,
             )
             p = Packer(src, self.tok.encode, self.tok.bos_id, self.tok.eos_id)
             if key in self._saved:
@@ -87,10 +102,10 @@ class Curriculum:
         if self.done:
             raise StopIteration("curriculum finished")
         s = self.stage
-        main = self.packer(s.mix, s.window, s.synthetic_loss)
+        main = self.packer(s.mix, s.window, s.synthetic_loss, s.synthetic_length)
         windows = [main.next_window(s.window) for _ in range(s.batch_size)]
         if s.n_replay:
-            rep = self.packer(s.replay_mix, s.replay_window, s.synthetic_loss)
+            rep = self.packer(s.replay_mix, s.replay_window, s.synthetic_loss, s.synthetic_length)
             windows += [rep.next_window(s.replay_window) for _ in range(s.n_replay)]
         batch = collate(windows)
         batch.update(

@@ -77,7 +77,8 @@ class SyntheticSource:
     ``(seed, i)``, so any position is reproducible without replaying the previous ones. Documents are
     ``length × U[length_range]`` tokens, not the full window: packed back to back with bos/eos, a
     full-window document would always be cut, its question and answer landing in the next window
-    without the context they depend on.
+    without the context they depend on. A draw too short for its task (some cannot be short) is
+    redrawn at the range's upper end, then at 0.9 x ``length``.
 
     With ``loss="answer"`` only the answer (and the closing eos) is a target: the filler and question
     are context, as in SFT. Small models otherwise spend nearly all of a task document's gradient on
@@ -87,10 +88,23 @@ class SyntheticSource:
     length_range: tuple[float, float] = (0.4, 0.9)
 
     def __init__(
-        self, tasks: tuple[str, ...], length: int, seed: int, tokenizer: Any, loss: str = "all"
+        self,
+        tasks: tuple[str, ...],
+        length: int,
+        seed: int,
+        tokenizer: Any,
+        loss: str = "all",
+        length_range: tuple[float, float] | None = None,
     ) -> None:
         if loss not in SYNTHETIC_LOSS:
             raise ValueError(f"synthetic loss={loss!r} is invalid: expected one of {SYNTHETIC_LOSS}")
+        if length_range is not None:
+            lo, hi = length_range
+            if not 0.0 < lo <= hi < 1.0:
+                raise ValueError(
+                    f"synthetic length_range={length_range} is invalid: expected 0 < lo <= hi < 1"
+                )
+            self.length_range = (float(lo), float(hi))
         try:
             from longmoe.eval import tasks as task_mod
         except ImportError as e:
@@ -111,7 +125,9 @@ class SyntheticSource:
         lo, hi = self.length_range
         frac = lo + (hi - lo) * _unit(self.seed + 104729, self.i)
         item, err = None, None
-        for length in (int(self.length * frac), int(self.length * hi)):  # a short draw may not fit a task
+        # a short draw may not fit a task: redraw at the range's upper end, then at 0.9 x the window
+        tries = dict.fromkeys((int(self.length * frac), int(self.length * hi), int(self.length * 0.9)))
+        for length in tries:
             try:
                 item = self._generate(
                     task, n=1, length=length, seed=self.seed + self.i, tokenizer=self.tokenizer, depth=depth
@@ -148,6 +164,7 @@ def make_source(
     data: str | Path | None = None,
     synthetic_length: int = 1024,
     synthetic_loss: str = "all",
+    synthetic_range: tuple[float, float] | None = None,
 ) -> DocSource:
     """Build the named source (see module docstring) for ``split``; shuffled per epoch with ``seed``."""
     if name in ("file", "package"):
@@ -165,7 +182,9 @@ def make_source(
         if tokenizer is None:
             raise ValueError("synthetic sources need the tokenizer (lengths are in tokens)")
         split_seed = seed + (0 if split == "train" else 10**6)
-        return SyntheticSource(tasks, synthetic_length, split_seed, tokenizer, synthetic_loss)
+        return SyntheticSource(
+            tasks, synthetic_length, split_seed, tokenizer, synthetic_loss, synthetic_range
+        )
     raise ValueError(
         f"unknown data source {name!r}: expected 'file', 'package', 'synthetic' or "
         f"'synthetic:<task>[+<task>...]' with tasks from {SYNTHETIC_TASKS}"
@@ -180,13 +199,14 @@ def make_mix(
     data: str | Path | None = None,
     synthetic_length: int = 1024,
     synthetic_loss: str = "all",
+    synthetic_range: tuple[float, float] | None = None,
 ) -> DocSource:
     """One ``MixSource`` over the sources named in ``mix`` (a single source is returned as is)."""
     active = {n: w for n, w in mix.items() if w > 0}
     if not active:
         raise ValueError(f"data mix {mix} has no source with a positive weight")
     srcs = {
-        n: make_source(n, split, seed + k, tokenizer, data, synthetic_length, synthetic_loss)
+        n: make_source(n, split, seed + k, tokenizer, data, synthetic_length, synthetic_loss, synthetic_range)
         for k, n in enumerate(sorted(active))
     }
     if len(srcs) == 1:

@@ -40,6 +40,8 @@ class CurriculumStage:
     replay_window: int = 256
     replay_mix: dict[str, float] = field(default_factory=lambda: {"file": 1.0})
     synthetic_loss: str = "all"  # "answer": task documents train on their answers only (SFT-style)
+    # task documents are window x U[lo, hi] tokens; None = SyntheticSource's default (0.4, 0.9)
+    synthetic_length: list[float] | None = None
 
     def validate(self, i: int = 0) -> None:
         p = f"stages[{i}]"
@@ -68,6 +70,19 @@ class CurriculumStage:
             f"{p}.synthetic_loss",
             self.synthetic_loss,
             f"one of {SYNTHETIC_LOSS}",
+        )
+        sl = self.synthetic_length
+        _check(
+            sl is None
+            or (
+                isinstance(sl, (list, tuple))
+                and len(sl) == 2
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in sl)
+                and 0.0 < sl[0] <= sl[1] < 1.0
+            ),
+            f"{p}.synthetic_length",
+            sl,
+            "null or [lo, hi] with 0 < lo <= hi < 1 (fractions of the window)",
         )
         if self.replay_fraction > 0:
             _check(

@@ -79,3 +79,36 @@ def test_stage_validation_names_field() -> None:
         TrainConfig(stages=[CurriculumStage("x", window=8, tokens=8, replay_fraction=1.5)])
     with pytest.raises(ConfigError, match=r"stages\[1\]\.window"):
         TrainConfig(stages=[{"name": "a", "window": 8, "tokens": 8}, {"name": "b", "window": 0, "tokens": 8}])
+    for bad in ([0.5], [0.6, 0.3], [0.0, 0.5], [0.2, 1.0], ["a", 0.5]):
+        with pytest.raises(ConfigError, match=r"stages\[0\]\.synthetic_length"):
+            TrainConfig(stages=[CurriculumStage("x", window=8, tokens=8, synthetic_length=bad)])
+
+
+def test_stage_synthetic_length_reaches_the_documents_and_round_trips(tmp_path) -> None:
+    """A stage's synthetic_length sets its task documents' lengths and survives train_config.json."""
+    tok = tokenizer_for_tests(512)
+    mix = {"synthetic:niah": 1.0}
+    short = CurriculumStage("s", window=1024, tokens=1024, mix=mix, synthetic_length=[0.3, 0.35])
+    full = CurriculumStage("f", window=1024, tokens=1024, mix=mix)  # the default range, 0.4-0.9
+    cur = Curriculum([short, full], tok, seed=0)
+    lens = {}
+    for st in (short, full):
+        src = cur.packer(st.mix, st.window, st.synthetic_loss, st.synthetic_length).source
+        lens[st.name] = [len(tok.encode(src.next().text)) for _ in range(6)]
+    assert max(lens["s"]) <= 0.35 * 1024 * 1.05 < min(lens["f"]), lens
+    f = tmp_path / "train_config.json"
+    TrainConfig(stages=[short, full]).save(f)
+    assert [s.synthetic_length for s in TrainConfig.load(f).stages] == [[0.3, 0.35], None]
+
+
+def test_synthetic_draw_too_short_for_a_task_is_redrawn_longer() -> None:
+    """Conflict items cannot be short: a range far below their minimum still yields valid documents."""
+    from longmoe.data.mix import make_source
+
+    tok = tokenizer_for_tests(512)
+    src = make_source(
+        "synthetic:conflict", "train", 0, tok, synthetic_length=768, synthetic_range=(0.05, 0.1)
+    )
+    docs = [src.next() for _ in range(3)]
+    lens = [len(tok.encode(d.text)) + 2 for d in docs]  # + bos, eos
+    assert all("\nAnswer: " in d.text for d in docs) and max(lens) < 768, lens

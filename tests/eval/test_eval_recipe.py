@@ -11,7 +11,6 @@ from longmoe.recipes.longctx_tiny import (
     model_config,
     n_params,
     train_config,
-    varied_synthetic_lengths,
 )
 
 
@@ -28,13 +27,35 @@ def test_patterns_have_equal_parameter_counts():
 
 def test_synthetic_documents_fit_the_window():
     tok = tokenizer_for_tests(512)
-    original = mix.SyntheticSource
-    with varied_synthetic_lengths(0.4, 0.9):
-        src = mix.make_source("synthetic", "train", 0, tok, synthetic_length=768)
-        lens = [len(tok.encode(src.next().text)) + 2 for _ in range(8)]  # + bos, eos
-    assert mix.SyntheticSource is original, "the patch is undone"
+    src = mix.make_source("synthetic", "train", 0, tok, synthetic_length=768, synthetic_range=(0.4, 0.9))
+    lens = [len(tok.encode(src.next().text)) + 2 for _ in range(8)]  # + bos, eos
     assert all(lens) and max(lens) < 768 and min(lens) >= 0.35 * 768, lens
     assert len(set(lens)) > 3, "lengths vary"
+    assert mix.SyntheticSource.length_range == (0.4, 0.9), "the class default is untouched"
+
+
+def test_short_document_stage_renders_shorter_documents():
+    """The recipe's first stage packs short task documents; the second uses the full range."""
+    from longmoe.data.curriculum import Curriculum
+
+    tok = tokenizer_for_tests(512)
+    rc = RecipeConfig(window=768, tokens=8 * 768 * 4, batch_size=2, short_docs_fraction=0.5)
+    short, full = train_config(rc).stages
+    assert (short.synthetic_length, full.synthetic_length) == (rc.short_docs_length, rc.synthetic_length)
+    assert short.tokens + full.tokens == rc.tokens and short.window == full.window == 768
+    cur = Curriculum([short, full], tok, seed=0)
+
+    def doc_lengths(stage) -> list[int]:
+        p = cur.packer(stage.mix, stage.window, stage.synthetic_loss, stage.synthetic_length)
+        docs = [p.source.sources["synthetic"].next() for _ in range(12)]
+        return [len(tok.encode(d.text)) for d in docs]
+
+    s, f = doc_lengths(short), doc_lengths(full)
+    assert max(s) <= 0.5 * 768 * 1.05 and max(f) > 0.5 * 768, (s, f)
+    assert sum(s) / len(s) < 0.8 * sum(f) / len(f), (s, f)
+    # without the short stage the recipe is one stage over the full range
+    (only,) = train_config(RecipeConfig(short_docs_fraction=0.0)).stages
+    assert only.synthetic_length == [0.2, 0.9]
 
 
 def test_recipe_config_validation_and_train_config():
@@ -42,12 +63,16 @@ def test_recipe_config_validation_and_train_config():
         RecipeConfig(patterns=["LX"])
     with pytest.raises(ValueError, match="synthetic_length"):
         RecipeConfig(synthetic_length=[0.5, 1.2])
+    with pytest.raises(ValueError, match="short_docs_length"):
+        RecipeConfig(short_docs_length=[0.3])
+    with pytest.raises(ValueError, match="short_docs_fraction"):
+        RecipeConfig(short_docs_fraction=1.0)
     with pytest.raises(ValueError, match="unknown recipe settings"):
         RecipeConfig.load(bogus=1)
-    rc = RecipeConfig.load(tokens=8192)
+    rc = RecipeConfig.load(tokens=6000)
     tc = train_config(rc)
-    (stage,) = tc.stages
-    assert stage.window == rc.window and stage.tokens == 8192
+    (stage,) = tc.stages  # a short-documents stage smaller than one batch is dropped
+    assert stage.window == rc.window and stage.tokens == 6000
     assert stage.mix == pytest.approx({"file": 1 - rc.synthetic_share, "synthetic": rc.synthetic_share})
     assert stage.synthetic_loss == rc.synthetic_loss == "answer"
     with pytest.raises(ValueError, match="synthetic_loss"):

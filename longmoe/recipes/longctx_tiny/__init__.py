@@ -17,17 +17,20 @@ then writes ``OUT/report.md``, ``OUT/results.json`` and comparison plots in ``OU
 Synthetic documents are rendered at ``window x U[lo, hi]`` tokens (``synthetic_length``), not at
 the full window: the packer lays documents back to back and a document of a full window (plus bos,
 answer and eos) would always be cut, its question and answer landing in the next window without the
-context they depend on. ``longmoe.data.mix.SyntheticSource`` does this (default 0.4-0.9);
-``varied_synthetic_lengths`` sets the recipe's range.
+context they depend on. ``longmoe.data.mix.SyntheticSource`` does this; each curriculum stage carries
+its own range (``CurriculumStage.synthetic_length``).
+
+Training is a two-stage curriculum over document length, short before long as in the seeds: the
+first ``short_docs_fraction`` of the tokens packs short task documents (``short_docs_length``, e.g.
+0.1-0.5 x window, several per window), where a tiny model learns to copy a needle quickly, and the
+rest uses the full range. The window itself never changes, so the patterns see the same positions.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,10 +45,12 @@ class RecipeConfig:
     reference_pattern: str = "LLLM"
     preset: str = "tiny"
     window: int = 512
-    tokens: int = 3_000_000
+    tokens: int = 6_000_000
     batch_size: int = 8
     synthetic_share: float = 0.8
     synthetic_length: list[float] = field(default_factory=lambda: [0.2, 0.9])
+    short_docs_fraction: float = 0.5  # share of the tokens in a first stage of short task documents
+    short_docs_length: list[float] = field(default_factory=lambda: [0.1, 0.5])
     synthetic_loss: str = "answer"  # task documents train on their answers (see module doc)
     lr: float = 3e-3
     warmup_steps: int = 20
@@ -75,10 +80,13 @@ class RecipeConfig:
             raise ValueError(
                 f"synthetic_loss={self.synthetic_loss!r} is invalid: expected one of {SYNTHETIC_LOSS}"
             )
-        lo, hi = self.synthetic_length
-        if not 0.0 < lo <= hi < 1.0:
+        for name in ("synthetic_length", "short_docs_length"):
+            rng = getattr(self, name)
+            if not (isinstance(rng, list) and len(rng) == 2 and 0.0 < rng[0] <= rng[1] < 1.0):
+                raise ValueError(f"{name}={rng} is invalid: expected [lo, hi] with 0 < lo <= hi < 1")
+        if not 0.0 <= self.short_docs_fraction < 1.0:
             raise ValueError(
-                f"synthetic_length={self.synthetic_length} is invalid: expected 0 < lo <= hi < 1"
+                f"short_docs_fraction={self.short_docs_fraction} is invalid: expected a float in [0, 1)"
             )
 
     @classmethod
@@ -119,36 +127,29 @@ def model_config(rc: RecipeConfig, pattern: str, target: int | None = None) -> A
 
 
 # ---------------------------------------------------------------------- training
-@contextlib.contextmanager
-def varied_synthetic_lengths(lo: float, hi: float) -> Iterator[None]:
-    """While active, synthetic training documents are ``window x U[lo, hi]`` tokens (see module doc)."""
-    from longmoe.data import mix
-
-    saved = mix.SyntheticSource.length_range
-    mix.SyntheticSource.length_range = (lo, hi)
-    try:
-        yield
-    finally:
-        mix.SyntheticSource.length_range = saved
-
-
 def train_config(rc: RecipeConfig) -> Any:
     from longmoe.train.config import CurriculumStage, TrainConfig
 
     mix = {"file": 1.0 - rc.synthetic_share, "synthetic": rc.synthetic_share}
     if rc.synthetic_share == 0:
         mix = {"file": 1.0}
-    stage = CurriculumStage(
-        "short",
+    short_tokens = int(rc.tokens * rc.short_docs_fraction)
+    if rc.synthetic_share == 0 or short_tokens < rc.batch_size * rc.window:
+        short_tokens = 0  # no task documents, or a stage too small to hold one batch
+    stage = lambda name, tokens, rng: CurriculumStage(  # noqa: E731
+        name,
         window=rc.window,
-        tokens=rc.tokens,
+        tokens=tokens,
         batch_size=rc.batch_size,
         mix=mix,
         synthetic_loss=rc.synthetic_loss,
+        synthetic_length=list(rng),
     )
-    steps = stage.steps
+    stages = [stage("short-docs", short_tokens, rc.short_docs_length)] if short_tokens else []
+    stages.append(stage("full", rc.tokens - short_tokens, rc.synthetic_length))
+    steps = sum(s.steps for s in stages)
     return TrainConfig(
-        stages=[stage],
+        stages=stages,
         lr=rc.lr,
         warmup_steps=min(rc.warmup_steps, max(1, steps // 10)),
         seed=rc.seed,
@@ -165,9 +166,8 @@ def train_one(rc: RecipeConfig, cfg: Any, tok: Any, run_dir: Path, progress: boo
     done = run_dir / DONE_FILE
     if done.is_file():
         return json.loads(done.read_text())
-    with varied_synthetic_lengths(*rc.synthetic_length):
-        trainer = Trainer(run_dir, cfg, train_config(rc), tok, resume=True, progress=progress)
-        summary = trainer.fit()
+    trainer = Trainer(run_dir, cfg, train_config(rc), tok, resume=True, progress=progress)
+    summary = trainer.fit()
     summary["params"] = trainer.model.num_parameters()
     summary.update(last_losses(run_dir))
     done.write_text(json.dumps(summary, indent=2) + "\n")
@@ -275,7 +275,14 @@ def compare(rc: RecipeConfig, out: Path, trained: dict[str, dict], evals: dict[s
         "",
         f"Preset `{rc.preset}`, trained on {rc.tokens:,} tokens in windows of {W} "
         f"(synthetic share {rc.synthetic_share}, synthetic documents {rc.synthetic_length[0]}-"
-        f"{rc.synthetic_length[1]} x window), evaluated at {', '.join(str(n) for n in lengths)} tokens, "
+        f"{rc.synthetic_length[1]} x window"
+        + (
+            f", after a first {rc.short_docs_fraction:.0%} of the tokens with documents of "
+            f"{rc.short_docs_length[0]}-{rc.short_docs_length[1]} x window"
+            if rc.short_docs_fraction > 0
+            else ""
+        )
+        + f"), evaluated at {', '.join(str(n) for n in lengths)} tokens, "
         f"{rc.eval_depths} depths, {rc.eval_n} items per cell. Accuracy = all answers contained (RULER).",
         "",
         "| pattern | params | tokens | train loss (last 10) | val loss |",
