@@ -159,11 +159,3 @@ class Packing:
         t = torch.arange(T, device=cu.device)
         self.doc_id = torch.searchsorted(cu[1:], t, right=True)  # [T]
         self.doc_pos = t - cu[self.doc_id]
-        self._mask: torch.Tensor | None = None
-
-    def attn_mask(self) -> torch.Tensor:
-        """``[T, T]`` bool: causal inside a document, nothing across documents (built once)."""
-        if self._mask is None:
-            same = self.doc_id[:, None] == self.doc_id[None, :]
-            self._mask = torch.tril(same)
-        return self._mask

@@ -19,6 +19,7 @@ from torch import nn
 from longmoe.cache import MLAState, Packing
 from longmoe.config import ModelConfig
 from longmoe.layers.norm import RMSNorm
+from longmoe.ops.packed_attention import packed_causal_attention
 
 DECODE_PATHS = ("absorbed", "naive")
 
@@ -76,10 +77,7 @@ class MLALayer(nn.Module):
         mask, causal = None, False
         if state is None:
             ctx = c  # [B, S=T, d_c]
-            if packing is not None:
-                mask = packing.attn_mask()  # [T, T] block-diagonal causal
-            else:
-                causal = True
+            causal = packing is None  # packed documents: block-diagonal causal, see below
             path = "naive"
         else:
             ctx, mask = self._append(state, c, seq_lens)  # [B, S, d_c], [B, 1, T, S] or None
@@ -88,7 +86,12 @@ class MLALayer(nn.Module):
             k, v = self.kv_up(ctx).split((H * Dq, H * Dv), dim=-1)  # [B, S, H*Dq], [B, S, H*Dv]
             k = k.view(B, -1, H, Dq).transpose(1, 2)  # [B, H, S, Dq]
             v = v.view(B, -1, H, Dv).transpose(1, 2)  # [B, H, S, Dv]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale)
+            if state is None and packing is not None:  # tiles, not a [T, T] mask (ops/packed_attention)
+                o = packed_causal_attention(q, k, v, packing.cu_seqlens, scale=self.scale)
+            else:
+                o = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale
+                )
         elif path == "absorbed":
             w_uk, w_uv = self._w_uk_uv()
             q_abs = torch.einsum("bhtk,hkc->bhtc", q, w_uk)  # [B, H, T, d_c]

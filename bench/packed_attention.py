@@ -1,0 +1,165 @@
+"""Attention over packed documents: longmoe's tiled ``packed_causal_attention`` against the two obvious
+ways, in the same run on the same inputs.
+
+Peers:
+- ``full mask``: one ``scaled_dot_product_attention`` with the ``[T, T]`` block-diagonal causal mask
+  (what the MLA layer did before, and ``packed_causal_attention_reference``);
+- ``per document``: one causal ``scaled_dot_product_attention`` call per document (a Python loop),
+  which longmoe itself uses when documents average ``MIN_DOC_TOKENS`` or more (its tiles otherwise).
+
+Useful FLOPs count only the allowed (causal, same-document) scores: ``Σ_docs n(n+1)/2 · 2 · (Dq + Dv)``
+forward, 2.5× that for the backward (the conventional attention count). Layouts are what training
+produces: windows of ``W`` tokens, each holding documents of random lengths, concatenated into one row.
+
+    python bench/packed_attention.py           # T = 4096 and 16384, fp32 and bf16
+    python bench/packed_attention.py --quick   # T = 4096, fp32 (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import markdown_table, timeit, write_results  # noqa: E402
+from longmoe.ops.packed_attention import (  # noqa: E402
+    packed_causal_attention,
+    packed_causal_attention_reference,
+)
+
+
+def layout(T: int, window: int, lo: int, hi: int, seed: int = 0) -> torch.Tensor:
+    """``cu_seqlens`` of ``T // window`` windows, each cut into documents of ``U[lo, hi]`` tokens."""
+    rng, cu = random.Random(seed), [0]
+    for w in range(T // window):
+        end = (w + 1) * window
+        while cu[-1] < end:
+            cu.append(min(end, cu[-1] + rng.randint(lo, hi)))
+    return torch.tensor(cu)
+
+
+def per_document(q, k, v, cu, scale=None):
+    bounds = cu.tolist()
+    outs = [
+        F.scaled_dot_product_attention(
+            q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], is_causal=True, scale=scale
+        )
+        for a, b in zip(bounds[:-1], bounds[1:])
+        if b > a
+    ]
+    return torch.cat(outs, dim=-2)
+
+
+IMPLS = {
+    "longmoe tiled": packed_causal_attention,
+    "full mask": packed_causal_attention_reference,
+    "per document": per_document,
+}
+
+
+def useful_flops(cu: torch.Tensor, D: int, Dv: int, H: int) -> float:
+    n = (cu[1:] - cu[:-1]).double()
+    return float((n * (n + 1) / 2).sum()) * 2 * (D + Dv) * H
+
+
+def run_case(T: int, window: int, doc: tuple[int, int], dtype: torch.dtype, H: int, D: int) -> list[dict]:
+    cu = layout(T, window, *doc)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, H, T, D, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    ref = packed_causal_attention_reference(q, k, v, cu).float()
+    flops = useful_flops(cu, D, D, H)
+    rows = []
+    for name, fn in IMPLS.items():
+        out = fn(q, k, v, cu)
+        err = float((out.float() - ref).abs().max() / ref.abs().max())
+        with torch.no_grad():
+            t_fwd = timeit(lambda fn=fn: fn(q, k, v, cu), iters=5)
+        dout = torch.randn_like(out)
+        t_bwd = timeit(lambda fn=fn, d=dout: torch.autograd.grad(fn(q, k, v, cu), (q, k, v), d), iters=3)
+        rows.append(
+            dict(
+                T=T,
+                window=window,
+                docs=f"{doc[0]}-{doc[1]}",
+                n_docs=len(cu) - 1,
+                dtype=str(dtype)[6:],
+                impl=name,
+                fwd_s=t_fwd,
+                fwdbwd_s=t_bwd,
+                fwd_gflops=flops / t_fwd / 1e9,
+                fwdbwd_gflops=3.5 * flops / t_bwd / 1e9,
+                max_rel_err=err,
+            )
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="T = 4096, fp32 only")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    H, D = 2, 32  # the tiny preset's MLA heads
+    cases = [(4096, 512, (50, 460), torch.float32)]
+    if not args.quick:
+        cases += [
+            (4096, 512, (50, 460), torch.bfloat16),
+            (4096, 512, (4, 40), torch.float32),  # many tiny documents: the tiled path
+            (16384, 2048, (200, 1800), torch.float32),
+            (4096, 4096, (4096, 4096), torch.float32),  # one document: only the causal half is saved
+        ]
+    rows = [r for T, W, doc, dt in cases for r in run_case(T, W, doc, dt, H, D)]
+    base = {(r["T"], r["window"], r["dtype"]): r for r in rows if r["impl"] == "full mask"}
+    table = [
+        [
+            r["T"],
+            r["window"],
+            r["docs"],
+            r["n_docs"],
+            r["dtype"],
+            r["impl"],
+            r["fwd_s"],
+            r["fwdbwd_s"],
+            base[(r["T"], r["window"], r["dtype"])]["fwdbwd_s"] / r["fwdbwd_s"],
+            r["fwdbwd_gflops"],
+            r["max_rel_err"],
+        ]
+        for r in rows
+    ]
+    header = [
+        "T",
+        "window",
+        "doc tokens",
+        "docs",
+        "dtype",
+        "impl",
+        "fwd s",
+        "fwd+bwd s",
+        "fwd+bwd speed-up vs full mask",
+        "fwd+bwd useful GFLOP/s",
+        "max rel err",
+    ]
+    md = (
+        f"Packed causal attention, H = {H}, head dim {D} (the tiny MLA), one row of T tokens; "
+        f"{torch.get_num_threads()} threads. Shared machine: read the ratios.\n\n"
+        + markdown_table(header, table)
+    )
+    write_results(
+        "packed_attention_quick" if args.quick else "packed_attention",
+        {"rows": rows},
+        md,
+        update_readme=not args.quick,
+    )
+
+
+if __name__ == "__main__":
+    main()
