@@ -57,7 +57,7 @@ def per_document(q, k, v, cu, scale=None):
 
 
 IMPLS = {
-    "longmoe tiled": packed_causal_attention,
+    "longmoe": packed_causal_attention,
     "full mask": packed_causal_attention_reference,
     "per document": per_document,
 }

@@ -123,3 +123,29 @@ def test_recipe_end_to_end_in_parallel(tmp_path):
     report = (out / "report.md").read_text()
     assert "| L |" in report and "| M |" in report
     assert main(["--config", str(tmp_path / "c.json"), "--out", str(out), "--jobs", "0"]) == 2
+
+
+def test_expected_checks_report_small_gaps_as_noise():
+    """A gap of one or two items out of dozens is not a confirmation; a large gap is."""
+    from longmoe.recipes.longctx_tiny import _check, _two_se, expected_checks
+
+    assert _check("c", 0.5, 0.4, True)["verdict"] == "confirmed"
+    assert _check("c", 0.5, 0.4, False)["verdict"] == "not confirmed"
+    assert _check("c", 0.0, 0.0, True)["verdict"] == "not shown (tie)"
+    assert _check("c", 2 / 36, 1 / 36, True, noise=_two_se((2 / 36, 36), (1 / 36, 36)))["verdict"] == (
+        "within noise: leans yes"
+    )
+    assert _check("c", 0.8, 0.1, True, noise=_two_se((0.8, 36), (0.1, 36)))["verdict"] == "confirmed"
+
+    def ev(acc: float, n: int) -> dict:
+        rows = [{"task": "niah", "length": L, "n": n, "all": acc} for L in (512, 1024)]
+        var = [dict(r, variant="multikey") for r in rows]
+        return {"summary": {"by_length": rows, "by_variant": var}, "answer_nll": [], "ppl": {"beyond": 1.0}}
+
+    rc = RecipeConfig(eval_tasks=["niah"], eval_multiples=[1, 2])
+    checks = expected_checks(
+        rc, {"LLLM": ev(0.75, 20), "L": ev(0.25, 20), "M": ev(0.7, 20)}, [512, 1024], [1024]
+    )
+    verdicts = {c["claim"].split(" on ")[0] + " " + c["claim"].split()[-1]: c["verdict"] for c in checks}
+    assert checks[0]["verdict"] == "confirmed" and "2 SE" in checks[0]["evidence"], checks[0]
+    assert checks[2]["verdict"].startswith("within noise"), verdicts  # 0.75 vs 0.70 on 20 items

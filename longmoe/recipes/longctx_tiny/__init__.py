@@ -246,13 +246,28 @@ def _acc(summary: dict[str, Any], task: str, length: int, metric: str = "all") -
     return math.nan
 
 
-def _variant_acc(summary: dict[str, Any], task: str, variant: str, lengths: list[int]) -> float:
-    xs = [
-        r["all"]
-        for r in summary["by_variant"]
-        if r["task"] == task and r["variant"] == variant and r["length"] in lengths
-    ]
-    return sum(xs) / len(xs) if xs else math.nan
+def _pooled_acc(rows: list[dict[str, Any]]) -> tuple[float, int]:
+    """Item-weighted mean accuracy ("all") over summary rows, and the number of items behind it."""
+    n = sum(r["n"] for r in rows)
+    return (sum(r["all"] * r["n"] for r in rows) / n, n) if n else (math.nan, 0)
+
+
+def _variant_acc(summary: dict[str, Any], task: str, variant: str, lengths: list[int]) -> tuple[float, int]:
+    return _pooled_acc(
+        [
+            r
+            for r in summary["by_variant"]
+            if r["task"] == task and r["variant"] == variant and r["length"] in lengths
+        ]
+    )
+
+
+def _two_se(a: tuple[float, int], b: tuple[float, int]) -> float:
+    """Two standard errors of the difference of two accuracies measured on ``n`` items each."""
+    (pa, na), (pb, nb) = a, b
+    if not na or not nb:
+        return math.nan
+    return 2 * math.sqrt(pa * (1 - pa) / na + pb * (1 - pb) / nb)
 
 
 def _f(x: Any, nd: int = 2) -> str:
@@ -301,6 +316,13 @@ def compare(rc: RecipeConfig, out: Path, trained: dict[str, dict], evals: dict[s
         for p in pats:
             s = evals[p]["summary"]
             lines.append(f"| {p} | {task} | " + " | ".join(_f(_acc(s, task, n)) for n in lengths) + " |")
+    variants = sorted({(r["task"], r["variant"]) for p in pats for r in evals[p]["summary"]["by_variant"]})
+    lines += ["", "Accuracy by variant (all lengths pooled; items per pattern in brackets)", ""]
+    lines.append("| variant | " + " | ".join(pats) + " |")
+    lines.append("|---|" + "---|" * len(pats))
+    for t, v in variants:
+        cells = [_variant_acc(evals[p]["summary"], t, v, lengths) for p in pats]
+        lines.append(f"| {t}_{v} | " + " | ".join(f"{_f(a)} ({n})" for a, n in cells) + " |")
     lines += [
         "",
         "Answer loss (teacher-forced mean next-token loss of the answer given the prompt; lower = better)",
@@ -366,24 +388,19 @@ def expected_checks(
     if h in evals and l_ in evals:
         a = _variant_acc(evals[h]["summary"], "niah", "multikey", lengths)
         b = _variant_acc(evals[l_]["summary"], "niah", "multikey", lengths)
-        out.append(_check(f"{h} beats {l_} on multi-key retrieval (niah multikey, all lengths)", a, b, True))
+        claim = f"{h} beats {l_} on multi-key retrieval (niah multikey, all lengths)"
+        out.append(_check(claim, a[0], b[0], True, noise=_two_se(a, b)))
         na, nb = (_nll(evals[p], "niah", "multikey", lengths) for p in (h, l_))
         out.append(_check(f"{h} has lower multi-key answer loss than {l_} (all lengths)", na, nb, False))
     if h in evals and m in evals and beyond:
 
-        def mean_beyond(p: str) -> float:
-            xs = [_acc(evals[p]["summary"], t, n) for t in rc.eval_tasks for n in beyond]
-            xs = [x for x in xs if x == x]
-            return sum(xs) / len(xs) if xs else math.nan
+        def acc_beyond(p: str) -> tuple[float, int]:
+            rows = evals[p]["summary"]["by_length"]
+            return _pooled_acc([r for r in rows if r["task"] in rc.eval_tasks and r["length"] in beyond])
 
-        out.append(
-            _check(
-                f"{h} beats {m} on task accuracy past the training window",
-                mean_beyond(h),
-                mean_beyond(m),
-                True,
-            )
-        )
+        a, b = acc_beyond(h), acc_beyond(m)
+        claim = f"{h} beats {m} on task accuracy past the training window"
+        out.append(_check(claim, a[0], b[0], True, noise=_two_se(a, b)))
         na, nb = (
             sum(_nll(evals[p], t, "*", beyond) for t in rc.eval_tasks) / len(rc.eval_tasks) for p in (h, m)
         )
@@ -408,11 +425,20 @@ def _nll(ev: dict[str, Any], task: str, variant: str, lengths: list[int]) -> flo
     return sum(xs) / len(xs) if xs else math.nan
 
 
-def _check(claim: str, a: float, b: float, higher_is_better: bool) -> dict[str, Any]:
+def _check(
+    claim: str, a: float, b: float, higher_is_better: bool, noise: float | None = None
+) -> dict[str, Any]:
+    """Verdict on ``a`` vs ``b``; with ``noise`` (two standard errors of ``a - b``), a smaller gap is
+    reported as within noise rather than as a confirmation or a refutation."""
+    evidence = f"{_f(a, 3)} vs {_f(b, 3)}"
+    if noise is not None and noise == noise:
+        evidence += f", 2 SE {_f(noise, 3)}"
     if a != a or b != b:
         verdict = "not measured"
     elif a == b:
         verdict = "not shown (tie)"
+    elif noise is not None and noise == noise and abs(a - b) <= noise:
+        verdict = "within noise: " + ("leans yes" if (a > b) == higher_is_better else "leans no")
     else:
         verdict = "confirmed" if (a > b) == higher_is_better else "not confirmed"
-    return {"claim": claim, "verdict": verdict, "evidence": f"{_f(a, 3)} vs {_f(b, 3)}", "a": a, "b": b}
+    return {"claim": claim, "verdict": verdict, "evidence": evidence, "a": a, "b": b}
