@@ -77,6 +77,21 @@ def test_recipe_config_validation_and_train_config():
     assert stage.synthetic_loss == rc.synthetic_loss == "answer"
     with pytest.raises(ValueError, match="synthetic_loss"):
         RecipeConfig(synthetic_loss="prompt")
+    with pytest.raises(ValueError, match="synthetic_tasks"):
+        RecipeConfig(synthetic_tasks=["niah", "sudoku"])
+    (only,) = train_config(RecipeConfig(tokens=6000, synthetic_tasks=["niah", "recall"])).stages
+    assert only.mix == pytest.approx(
+        {"file": 1 - rc.synthetic_share, "synthetic:niah+recall": rc.synthetic_share}
+    )
+
+
+def test_retrieval_variant_config_loads():
+    """The niah-only variant (retrieval.json) is a valid recipe whose training mix is niah documents."""
+    from longmoe.recipes.longctx_tiny import CONFIG_FILE
+
+    rc = RecipeConfig.load(CONFIG_FILE.with_name("retrieval.json"))
+    assert rc.synthetic_tasks == rc.eval_tasks == ["niah"]
+    assert {k for s in train_config(rc).stages for k in s.mix} == {"file", "synthetic:niah"}
 
 
 def test_pattern_command_carries_the_overrides(tmp_path):

@@ -48,6 +48,7 @@ class RecipeConfig:
     tokens: int = 6_000_000
     batch_size: int = 8
     synthetic_share: float = 0.8
+    synthetic_tasks: list[str] = field(default_factory=lambda: ["niah", "multihop", "conflict", "recall"])
     synthetic_length: list[float] = field(default_factory=lambda: [0.2, 0.9])
     short_docs_fraction: float = 0.5  # share of the tokens in a first stage of short task documents
     short_docs_length: list[float] = field(default_factory=lambda: [0.1, 0.5])
@@ -71,6 +72,13 @@ class RecipeConfig:
         if self.window < 128 or self.tokens < self.window:
             raise ValueError(
                 f"window={self.window}, tokens={self.tokens}: expected window >= 128, tokens >= window"
+            )
+        from longmoe.data.mix import SYNTHETIC_TASKS
+
+        if not self.synthetic_tasks or set(self.synthetic_tasks) - set(SYNTHETIC_TASKS):
+            raise ValueError(
+                f"synthetic_tasks={self.synthetic_tasks} is invalid: "
+                f"expected a non-empty list from {SYNTHETIC_TASKS}"
             )
         if not 0.0 <= self.synthetic_share < 1.0:
             raise ValueError(f"synthetic_share={self.synthetic_share} is invalid: expected a float in [0, 1)")
@@ -128,9 +136,13 @@ def model_config(rc: RecipeConfig, pattern: str, target: int | None = None) -> A
 
 # ---------------------------------------------------------------------- training
 def train_config(rc: RecipeConfig) -> Any:
+    from longmoe.data.mix import SYNTHETIC_TASKS
     from longmoe.train.config import CurriculumStage, TrainConfig
 
-    mix = {"file": 1.0 - rc.synthetic_share, "synthetic": rc.synthetic_share}
+    synth = "synthetic"  # every family; a subset is named 'synthetic:<task>+<task>'
+    if set(rc.synthetic_tasks) != set(SYNTHETIC_TASKS):
+        synth = "synthetic:" + "+".join(rc.synthetic_tasks)
+    mix = {"file": 1.0 - rc.synthetic_share, synth: rc.synthetic_share}
     if rc.synthetic_share == 0:
         mix = {"file": 1.0}
     short_tokens = int(rc.tokens * rc.short_docs_fraction)
@@ -289,7 +301,8 @@ def compare(rc: RecipeConfig, out: Path, trained: dict[str, dict], evals: dict[s
         f"# longctx_tiny: layer patterns {', '.join(pats)}",
         "",
         f"Preset `{rc.preset}`, trained on {rc.tokens:,} tokens in windows of {W} "
-        f"(synthetic share {rc.synthetic_share}, synthetic documents {rc.synthetic_length[0]}-"
+        f"(synthetic share {rc.synthetic_share} of {'+'.join(rc.synthetic_tasks)}, "
+        f"synthetic documents {rc.synthetic_length[0]}-"
         f"{rc.synthetic_length[1]} x window"
         + (
             f", after a first {rc.short_docs_fraction:.0%} of the tokens with documents of "
