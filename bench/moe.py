@@ -94,7 +94,15 @@ def time_module(mod, x: torch.Tensor, backward: bool, iters: int, warmup: int = 
     return timeit(step, warmup=warmup, iters=iters, max_seconds=600.0)
 
 
-def run_case(E: int, n_tokens: int, dtype: torch.dtype, alpha: int, iters: int, peers: bool):
+def run_case(
+    E: int,
+    n_tokens: int,
+    dtype: torch.dtype,
+    alpha: int,
+    iters: int,
+    peers: bool,
+    peer_impls: tuple[str, ...] = ("eager", "grouped_mm"),
+):
     """Rows ``[E, dtype, α, impl, fwd s, fwd/roof, fwd+bwd s, fwd+bwd/roof, max rel err, roof GFLOP/s]``.
 
     The roofline of each row is the peak ``torch.mm`` read just before and just after that row's
@@ -118,7 +126,7 @@ def run_case(E: int, n_tokens: int, dtype: torch.dtype, alpha: int, iters: int, 
     rows = []
     impls = {"longmoe": layer}
     if peers and alpha == 1:
-        for impl in ("eager", "grouped_mm"):
+        for impl in peer_impls:
             peer = make_peer(layer, impl)
             if peer is not None:
                 impls[f"transformers {impl}"] = peer

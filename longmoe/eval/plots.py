@@ -50,9 +50,16 @@ def heatmap(
 
 
 def accuracy_vs_length(
-    runs: dict[str, dict[str, Any]], path: str | Path, metric: str = "all", window: int | None = None
+    runs: dict[str, dict[str, Any]],
+    path: str | Path,
+    metric: str = "all",
+    window: int | None = None,
+    ylim: tuple[float, float] | None = (-0.05, 1.05),
+    ylabel: str | None = None,
 ) -> Path:
-    """``runs``: label -> summary. One panel per task; a dashed line marks the training window."""
+    """``runs``: label -> summary (``by_length`` rows with ``metric``). One panel per task; a dashed
+    line marks the training window. Any per-(task, length) metric plots this way (e.g. answer loss
+    with ``ylim=None``)."""
     tasks = sorted({r["task"] for s in runs.values() for r in s["by_length"]})
     if not tasks:
         raise ValueError("no results to plot")
@@ -68,10 +75,11 @@ def accuracy_vs_length(
         lens = sorted({r["length"] for s in runs.values() for r in s["by_length"] if r["task"] == task})
         ax.set_xticks(lens, [_len_label(n) for n in lens])
         ax.minorticks_off()
-        ax.set_ylim(-0.05, 1.05)
+        if ylim:
+            ax.set_ylim(*ylim)
         ax.set_title(task)
         ax.set_xlabel("context length (tokens)")
-    axes[0][0].set_ylabel(f"accuracy ({metric})")
+    axes[0][0].set_ylabel(ylabel or f"accuracy ({metric})")
     axes[0][-1].legend(fontsize=8)
     return _save(fig, path)
 

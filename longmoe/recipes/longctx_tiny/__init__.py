@@ -377,6 +377,18 @@ def compare(rc: RecipeConfig, out: Path, trained: dict[str, dict], evals: dict[s
 
     plots = out / "plots"
     accuracy_vs_length({p: evals[p]["summary"] for p in pats}, plots / "accuracy_vs_length.png", window=W)
+    nll_rows = {  # the graded view: answer loss per task and length, where accuracies are all zero
+        p: {"by_length": [r for r in evals[p].get("answer_nll", []) if r["variant"] == "*"]} for p in pats
+    }
+    if all(v["by_length"] for v in nll_rows.values()):
+        accuracy_vs_length(
+            nll_rows,
+            plots / "answer_loss_vs_length.png",
+            metric="answer_nll",
+            window=W,
+            ylim=None,
+            ylabel="answer loss (nats/token)",
+        )
     ppl_curve({p: evals[p]["ppl"] for p in pats}, plots / "ppl_by_position.png")
     (out / "report.md").write_text(report)
     results = {
@@ -444,7 +456,7 @@ def _check(
     """Verdict on ``a`` vs ``b``; with ``noise`` (two standard errors of ``a - b``), a smaller gap is
     reported as within noise rather than as a confirmation or a refutation."""
     evidence = f"{_f(a, 3)} vs {_f(b, 3)}"
-    if noise is not None and noise == noise:
+    if noise is not None and noise == noise and noise > 0:
         evidence += f", 2 SE {_f(noise, 3)}"
     if a != a or b != b:
         verdict = "not measured"
