@@ -101,24 +101,10 @@ def run_case(T: int, window: int, doc: tuple[int, int], dtype: torch.dtype, H: i
     return rows
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="T = 4096, fp32 only")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
-    args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    H, D = 2, 32  # the tiny preset's MLA heads
-    cases = [(4096, 512, (50, 460), torch.float32)]
-    if not args.quick:
-        cases += [
-            (4096, 512, (50, 460), torch.bfloat16),
-            (4096, 512, (4, 40), torch.float32),  # many tiny documents: the tiled path
-            (16384, 2048, (200, 1800), torch.float32),
-            (4096, 4096, (4096, 4096), torch.float32),  # one document: only the causal half is saved
-        ]
-    rows = [r for T, W, doc, dt in cases for r in run_case(T, W, doc, dt, H, D)]
-    base = {(r["T"], r["window"], r["dtype"]): r for r in rows if r["impl"] == "full mask"}
+def render(rows: list[dict], H: int, D: int) -> str:
+    """The markdown table (speed-ups against the full-mask row of the same case)."""
+    case = lambda r: (r["T"], r["window"], r["docs"], r["dtype"])  # noqa: E731
+    base = {case(r): r for r in rows if r["impl"] == "full mask"}
     table = [
         [
             r["T"],
@@ -129,7 +115,7 @@ def main() -> None:
             r["impl"],
             r["fwd_s"],
             r["fwdbwd_s"],
-            base[(r["T"], r["window"], r["dtype"])]["fwdbwd_s"] / r["fwdbwd_s"],
+            base[case(r)]["fwdbwd_s"] / r["fwdbwd_s"],
             r["fwdbwd_gflops"],
             r["max_rel_err"],
         ]
@@ -153,6 +139,27 @@ def main() -> None:
         f"{torch.get_num_threads()} threads. Shared machine: read the ratios.\n\n"
         + markdown_table(header, table)
     )
+    return md
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="T = 4096, fp32 only")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    H, D = 2, 32  # the tiny preset's MLA heads
+    cases = [(4096, 512, (50, 460), torch.float32)]
+    if not args.quick:
+        cases += [
+            (4096, 512, (50, 460), torch.bfloat16),
+            (4096, 512, (4, 40), torch.float32),  # many tiny documents: the tiled path
+            (16384, 2048, (200, 1800), torch.float32),
+            (4096, 4096, (4096, 4096), torch.float32),  # one document: only the causal half is saved
+        ]
+    rows = [r for T, W, doc, dt in cases for r in run_case(T, W, doc, dt, H, D)]
+    md = render(rows, H, D)
     write_results(
         "packed_attention_quick" if args.quick else "packed_attention",
         {"rows": rows},
