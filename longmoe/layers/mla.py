@@ -86,7 +86,7 @@ class MLALayer(nn.Module):
             k, v = self.kv_up(ctx).split((H * Dq, H * Dv), dim=-1)  # [B, S, H*Dq], [B, S, H*Dv]
             k = k.view(B, -1, H, Dq).transpose(1, 2)  # [B, H, S, Dq]
             v = v.view(B, -1, H, Dv).transpose(1, 2)  # [B, H, S, Dv]
-            if state is None and packing is not None:  # tiles, not a [T, T] mask (ops/packed_attention)
+            if state is None and packing is not None:  # per document, no [T, T] mask (ops/)
                 o = packed_causal_attention(q, k, v, packing.cu_seqlens, scale=self.scale)
             else:
                 o = F.scaled_dot_product_attention(

@@ -22,8 +22,9 @@ its own range (``CurriculumStage.synthetic_length``).
 
 Training is a two-stage curriculum over document length, short before long as in the seeds: the
 first ``short_docs_fraction`` of the tokens packs short task documents (``short_docs_length``, e.g.
-0.1-0.5 x window, several per window), where a tiny model learns to copy a needle quickly, and the
-rest uses the full range. The window itself never changes, so the patterns see the same positions.
+0.1-0.5 x window, several per window: more questions and answer tokens per window while the model
+has to learn to copy), and the rest uses the full range. The window itself never changes, so the
+patterns see the same positions.
 """
 
 from __future__ import annotations
