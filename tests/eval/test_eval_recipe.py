@@ -136,7 +136,9 @@ def test_recipe_end_to_end_in_parallel(tmp_path):
         assert (out / f"pattern-{p}" / "recipe_done.json").is_file(), (out / f"log_{p}.txt").read_text()
     assert json.loads((out / "recipe_config.json").read_text())["patterns"] == ["L", "M"]
     report = (out / "report.md").read_text()
-    assert "| L |" in report and "| M |" in report
+    assert "| L |" in report and "| M |" in report and "Accuracy by variant" in report
+    for plot in ("accuracy_vs_length", "answer_loss_vs_length", "ppl_by_position"):
+        assert (out / "plots" / f"{plot}.png").stat().st_size > 0, plot
     assert main(["--config", str(tmp_path / "c.json"), "--out", str(out), "--jobs", "0"]) == 2
 
 
