@@ -26,6 +26,16 @@ SYNTHETIC_TASKS = ("niah", "multihop", "conflict", "recall")
 SYNTHETIC_LOSS = ("all", "answer")  # which tokens of a task document are training targets
 
 
+def valid_length_range(r: object) -> bool:
+    """``[lo, hi]`` with ``0 < lo <= hi < 1``: task-document lengths as fractions of the window."""
+    return (
+        isinstance(r, (list, tuple))
+        and len(r) == 2
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
+        and 0.0 < r[0] <= r[1] < 1.0
+    )
+
+
 def _unit(seed: int, i: int) -> float:
     """A uniform number in [0, 1) that depends only on (seed, i)."""
     return random.Random(f"mix:{seed}:{i}").random()
@@ -99,12 +109,11 @@ class SyntheticSource:
         if loss not in SYNTHETIC_LOSS:
             raise ValueError(f"synthetic loss={loss!r} is invalid: expected one of {SYNTHETIC_LOSS}")
         if length_range is not None:
-            lo, hi = length_range
-            if not 0.0 < lo <= hi < 1.0:
+            if not valid_length_range(length_range):
                 raise ValueError(
                     f"synthetic length_range={length_range} is invalid: expected 0 < lo <= hi < 1"
                 )
-            self.length_range = (float(lo), float(hi))
+            self.length_range = (float(length_range[0]), float(length_range[1]))
         try:
             from longmoe.eval import tasks as task_mod
         except ImportError as e:

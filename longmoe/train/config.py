@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.config import ConfigError, _check
-from longmoe.data.mix import SYNTHETIC_LOSS
+from longmoe.data.mix import SYNTHETIC_LOSS, valid_length_range
 
 SCHEDULES = ("cosine", "wsd", "constant")
 
@@ -71,17 +71,10 @@ class CurriculumStage:
             self.synthetic_loss,
             f"one of {SYNTHETIC_LOSS}",
         )
-        sl = self.synthetic_length
         _check(
-            sl is None
-            or (
-                isinstance(sl, (list, tuple))
-                and len(sl) == 2
-                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in sl)
-                and 0.0 < sl[0] <= sl[1] < 1.0
-            ),
+            self.synthetic_length is None or valid_length_range(self.synthetic_length),
             f"{p}.synthetic_length",
-            sl,
+            self.synthetic_length,
             "null or [lo, hi] with 0 < lo <= hi < 1 (fractions of the window)",
         )
         if self.replay_fraction > 0:

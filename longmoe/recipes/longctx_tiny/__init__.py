@@ -74,7 +74,7 @@ class RecipeConfig:
             raise ValueError(
                 f"window={self.window}, tokens={self.tokens}: expected window >= 128, tokens >= window"
             )
-        from longmoe.data.mix import SYNTHETIC_TASKS
+        from longmoe.data.mix import SYNTHETIC_LOSS, SYNTHETIC_TASKS, valid_length_range
 
         if not self.synthetic_tasks or set(self.synthetic_tasks) - set(SYNTHETIC_TASKS):
             raise ValueError(
@@ -83,15 +83,13 @@ class RecipeConfig:
             )
         if not 0.0 <= self.synthetic_share < 1.0:
             raise ValueError(f"synthetic_share={self.synthetic_share} is invalid: expected a float in [0, 1)")
-        from longmoe.data.mix import SYNTHETIC_LOSS
-
         if self.synthetic_loss not in SYNTHETIC_LOSS:
             raise ValueError(
                 f"synthetic_loss={self.synthetic_loss!r} is invalid: expected one of {SYNTHETIC_LOSS}"
             )
         for name in ("synthetic_length", "short_docs_length"):
             rng = getattr(self, name)
-            if not (isinstance(rng, list) and len(rng) == 2 and 0.0 < rng[0] <= rng[1] < 1.0):
+            if not (isinstance(rng, list) and valid_length_range(rng)):
                 raise ValueError(f"{name}={rng} is invalid: expected [lo, hi] with 0 < lo <= hi < 1")
         if not 0.0 <= self.short_docs_fraction < 1.0:
             raise ValueError(
