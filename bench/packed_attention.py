@@ -4,8 +4,9 @@ ways, in the same run on the same inputs.
 Peers:
 - ``full mask``: one ``scaled_dot_product_attention`` with the ``[T, T]`` block-diagonal causal mask
   (what the MLA layer did before, and ``packed_causal_attention_reference``);
-- ``per document``: one causal ``scaled_dot_product_attention`` call per document (a Python loop),
-  which longmoe itself uses when documents average ``MIN_DOC_TOKENS`` or more (its tiles otherwise).
+- ``per document``: one causal ``scaled_dot_product_attention`` call per document (a Python loop;
+  longmoe's own path forced with ``min_doc_tokens=1``), which longmoe picks when documents average
+  ``MIN_DOC_TOKENS`` or more (its tiles otherwise).
 
 Useful FLOPs count only the allowed (causal, same-document) scores: ``Σ_docs n(n+1)/2 · 2 · (Dq + Dv)``
 forward, 2.5× that for the backward (the conventional attention count). Layouts are what training
@@ -23,7 +24,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -44,16 +44,9 @@ def layout(T: int, window: int, lo: int, hi: int, seed: int = 0) -> torch.Tensor
     return torch.tensor(cu)
 
 
-def per_document(q, k, v, cu, scale=None):
-    bounds = cu.tolist()
-    outs = [
-        F.scaled_dot_product_attention(
-            q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], is_causal=True, scale=scale
-        )
-        for a, b in zip(bounds[:-1], bounds[1:])
-        if b > a
-    ]
-    return torch.cat(outs, dim=-2)
+def per_document(q, k, v, cu):
+    """One causal attention call per document: the op's own loop path, forced for every layout."""
+    return packed_causal_attention(q, k, v, cu, min_doc_tokens=1)
 
 
 IMPLS = {

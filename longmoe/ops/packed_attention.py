@@ -29,16 +29,18 @@ DEFAULT_TILE = 256
 MIN_DOC_TOKENS = 64  # mean document length from which one call per document beats the tiles
 
 
-def _layout(cu_seqlens: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``doc_id [T]`` and ``doc_start [T]`` (index of each token's document and of its first token)."""
-    cu = cu_seqlens.long()
-    if cu.dim() != 1 or int(cu[0]) != 0 or int(cu[-1]) != T or bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError(
-            f"cu_seqlens: expected non-decreasing offsets [0, ..., T={T}], got {cu.tolist()[:8]}"
-        )
-    t = torch.arange(T, device=cu.device)
-    doc_id = torch.searchsorted(cu[1:], t, right=True)
-    return doc_id, cu[doc_id]
+def _offsets(cu_seqlens: torch.Tensor, T: int) -> list[int]:
+    """The offsets as Python ints, checked to run non-decreasing from 0 to ``T``."""
+    bounds = [int(x) for x in cu_seqlens.tolist()] if cu_seqlens.dim() == 1 else []
+    if not bounds or bounds[0] != 0 or bounds[-1] != T or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens: expected non-decreasing offsets [0, ..., T={T}], got {bounds[:8]}")
+    return bounds
+
+
+def _doc_id(bounds: list[int], T: int, device: torch.device) -> torch.Tensor:
+    """``[T]`` index of each token's document."""
+    cu = torch.tensor(bounds, device=device)
+    return torch.searchsorted(cu[1:], torch.arange(T, device=device), right=True)
 
 
 def packed_causal_attention(
@@ -62,8 +64,7 @@ def packed_causal_attention(
         )
     if tile < 1:
         raise ValueError(f"tile={tile}: expected a positive integer")
-    doc_id, doc_start = _layout(cu_seqlens.to(q.device), T)
-    bounds = [int(x) for x in cu_seqlens.tolist()]
+    bounds = _offsets(cu_seqlens, T)
     spans = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
     if len(spans) * min_doc_tokens <= T:  # documents long enough: one mask-free causal call each
         outs = [
@@ -73,11 +74,11 @@ def packed_causal_attention(
             for a, b in spans
         ]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
-    starts = doc_start.tolist()
+    doc_id = _doc_id(bounds, T, q.device)
     outs = []
     for a in range(0, T, tile):
         b = min(a + tile, T)
-        lo = starts[a]  # documents are contiguous: no query of the tile sees a key before this one
+        lo = bounds[int(doc_id[a])]  # documents are contiguous: no query of the tile sees a key before
         qi, ki = doc_id[a:b], doc_id[lo:b]
         pos_q = torch.arange(a, b, device=q.device)
         pos_k = torch.arange(lo, b, device=q.device)
@@ -99,6 +100,6 @@ def packed_causal_attention_reference(
 ) -> torch.Tensor:
     """The obviously-correct version: one attention call with the full ``[T, T]`` block-diagonal mask."""
     T = q.shape[-2]
-    doc_id, _ = _layout(cu_seqlens.to(q.device), T)
+    doc_id = _doc_id(_offsets(cu_seqlens, T), T, q.device)
     mask = torch.tril(doc_id[:, None] == doc_id[None, :])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
