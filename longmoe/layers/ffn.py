@@ -6,12 +6,11 @@ from torch import nn
 
 from longmoe.config import ModelConfig
 from longmoe.layers.mlp import GLUMLP
+from longmoe.layers.moe import MoELayer
 
 
 def build_ffn(cfg: ModelConfig, layer_idx: int) -> nn.Module:
     """Dense GLU MLP, or ``MoELayer(cfg.d_model, cfg.ffn)`` when ``cfg.is_moe_layer(layer_idx)``."""
     if cfg.is_moe_layer(layer_idx):
-        from longmoe.layers.moe import MoELayer  # lazy: the MoE is optional for dense configs
-
         return MoELayer(cfg.d_model, cfg.ffn, init_std=cfg.init_std)
     return GLUMLP(cfg.d_model, cfg.ffn.dense_hidden, cfg.ffn.glu)

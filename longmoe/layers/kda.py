@@ -1,4 +1,4 @@
-"""The KDA layer: projections, short causal conv, gates and output around the ``ops/kda.py`` operator.
+"""The KDA layer: projections, short causal conv, gates and output around the ``ops/kda`` operators.
 
 Per token: one fused projection gives ``q|k|v`` (then a depthwise causal conv of width ``W`` and SiLU),
 the write strength ``β = sigmoid(·)``, a rank-``r`` decay-gate input and the output gate. ``q, k`` are

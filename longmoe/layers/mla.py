@@ -19,7 +19,7 @@ from torch import nn
 from longmoe.cache import MLAState, Packing
 from longmoe.config import ModelConfig
 from longmoe.layers.norm import RMSNorm
-from longmoe.ops.packed_attention import packed_causal_attention
+from longmoe.ops.attention import packed_causal_attention
 
 DECODE_PATHS = ("absorbed", "naive")
 

@@ -1,12 +1,14 @@
-"""Dense gated MLP (SwiGLU / GeGLU): the FFN of dense layers and the shape of every expert."""
+"""Dense gated MLP (SwiGLU / GeGLU): the FFN of dense layers and the MoE's shared experts.
+
+The activation is ``ops/glu.py``'s, the same function the routed experts compute.
+"""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-_ACTS = {"swiglu": F.silu, "geglu": F.gelu}
+from longmoe.ops.glu import check_glu, glu_act
 
 
 class GLUMLP(nn.Module):
@@ -14,16 +16,13 @@ class GLUMLP(nn.Module):
 
     def __init__(self, d_model: int, hidden: int, glu: str = "swiglu") -> None:
         super().__init__()
-        if glu not in _ACTS:
-            raise ValueError(f"glu: expected one of {sorted(_ACTS)}, got {glu!r}")
-        self.hidden = hidden
-        self.act = _ACTS[glu]
+        check_glu(glu)
+        self.hidden, self.glu = hidden, glu
         self.w_in = nn.Linear(d_model, 2 * hidden, bias=False)  # gate | up
         self.w_out = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w_in(x).split(self.hidden, dim=-1)  # [..., f] each
-        return self.w_out(self.act(gate) * up)  # [..., d]
+        return self.w_out(glu_act(self.w_in(x), self.glu))  # [..., 2f] -> [..., f] -> [..., d]
 
     @staticmethod
     def param_count(d_model: int, hidden: int) -> int:

@@ -7,7 +7,7 @@
     y  = W_up Σ_{e∈S} w_e GLU_e(z) + Σ_shared GLU(x)
 
 Routed experts are stored as 3-D tensors (``w_in [E, ℓ, 2f]`` gate|up fused, ``w_out [E, f, ℓ]``) so
-expert parallelism can shard dimension 0. Dispatch is dropless (``ops/moe_dispatch.py``). Balancer state
+expert parallelism can shard dimension 0. Dispatch is dropless (``ops/moe``). Balancer state
 (bias, the windowed load ring, the current step's counts) lives in persistent buffers, so a checkpoint
 of ``state_dict()`` resumes balancing exactly.
 """
@@ -20,24 +20,11 @@ from torch import nn
 
 from longmoe.config import FFNConfig
 from longmoe.layers import balance
-from longmoe.ops.moe_dispatch import combine_weights, dispatch_experts, glu_act, route, selected_logits
+from longmoe.layers.mlp import GLUMLP
+from longmoe.ops.moe import combine_weights, dispatch_experts, route, selected_logits
 
 PARAM_KEYS = ("router", "latent_proj", "routed_experts", "shared_experts")
 ENTROPY_TOKENS = 512  # tokens per forward the router-entropy metric is estimated on
-
-
-class SharedExperts(nn.Module):
-    """``n_shared`` full-width GLU experts fused into one GLU of width ``n_shared · shared_hidden``
-    (a sum of GLUs over disjoint hidden units is one GLU): ``3 · d · shared_hidden`` params each."""
-
-    def __init__(self, d_model: int, hidden: int, glu: str) -> None:
-        super().__init__()
-        self.glu = glu
-        self.w_in = nn.Linear(d_model, 2 * hidden, bias=False)  # gate|up
-        self.w_out = nn.Linear(hidden, d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_out(glu_act(self.w_in(x), self.glu))
 
 
 class MoELayer(nn.Module):
@@ -58,8 +45,10 @@ class MoELayer(nn.Module):
             self.down = self.up = None
         self.w_in = nn.Parameter(torch.empty(E, l, 2 * f))  # [E, ℓ, 2f] gate|up
         self.w_out = nn.Parameter(torch.empty(E, f, l))  # [E, f, ℓ]
+        # the n_shared full-width experts fused into one GLU of width n_shared · shared_hidden (a sum of
+        # GLUs over disjoint hidden units is one GLU): the dense MLP's module, 3 · d · shared_hidden each
         sh = ffn.n_shared * ffn.shared_hidden
-        self.shared = SharedExperts(d_model, sh, ffn.glu) if ffn.n_shared else None
+        self.shared = GLUMLP(d_model, sh, ffn.glu) if ffn.n_shared else None
         # balancer state: all persistent, all in state_dict()
         self.register_buffer("bias", torch.zeros(E))  # selection bias b [E]
         self.register_buffer("load_window", torch.zeros(ffn.balance_window, E))  # ring of step counts

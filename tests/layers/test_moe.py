@@ -9,7 +9,8 @@ import torch
 
 from longmoe.config import FFNConfig
 from longmoe.layers.moe import MoELayer
-from longmoe.ops.moe_dispatch import dense_reference, glu_act, route
+from longmoe.ops.glu import glu_act
+from longmoe.ops.moe import dense_reference, route
 
 
 def _cfg(**kw) -> FFNConfig:

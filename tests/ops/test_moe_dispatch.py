@@ -1,4 +1,4 @@
-"""MoE routing and dropless dispatch against the dense every-expert-on-every-token reference."""
+"""Dropless MoE dispatch (ops/moe/dispatch.py) against the dense every-expert reference (ops/moe/naive.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longmoe.ops.moe_dispatch import (
-    MAX_TIERS,
-    PAD_MULTIPLE,
-    Layout,
-    choose_tiers,
-    dense_reference,
-    dispatch_experts,
-    route,
-    selected_logits,
-    topk_lowest_index,
-)
+from longmoe.ops.moe import PAD_MULTIPLE, Layout, choose_tiers, dense_reference, dispatch_experts, route
+from longmoe.ops.moe.dispatch import MAX_TIERS
 
 
 def _problem(N, E, k, l, f, seed, dtype=torch.float32):
@@ -81,29 +72,6 @@ def test_dispatch_is_dropless_under_total_collapse():
     assert (out.abs().sum(-1) > 0).all()
 
 
-def test_topk_ties_break_toward_lower_index_deterministically():
-    """Equal scores across the k-th boundary: the lower expert indices win, identically on every call."""
-    v = torch.tensor([[0.5, 0.9, 0.5, 0.5, 0.1], [0.3, 0.3, 0.3, 0.3, 0.3], [0.1, 0.2, 0.3, 0.4, 0.5]])
-    for _ in range(3):
-        idx = topk_lowest_index(v, 2)
-        assert idx.tolist() == [[0, 1], [0, 1], [3, 4]]
-    big = torch.zeros(64, 896)  # all tied: the first k experts, for every row
-    assert (topk_lowest_index(big, 8) == torch.arange(8)).all()
-
-
-def test_route_bias_changes_selection_but_not_weights():
-    """The bias decides which experts are chosen; weights are their unbiased scores, renormalised."""
-    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
-    _, idx0, w0 = route(logits, torch.zeros(4), 2)
-    assert idx0.tolist() == [[0, 1]]
-    bias = torch.tensor([0.0, 0.0, 0.0, 5.0])
-    scores, idx1, w1 = route(logits, bias, 2, routed_scale=2.5)
-    assert idx1.tolist() == [[0, 3]]
-    s = torch.sigmoid(logits[0, [0, 3]])
-    torch.testing.assert_close(w1[0], 2.5 * s / s.sum())
-    torch.testing.assert_close(w0.sum(-1), torch.ones(1))
-
-
 def test_dispatch_rejects_unknown_impl():
     z, idx, w, w_in, w_out = _problem(N=4, E=2, k=1, l=4, f=2, seed=0)
     with pytest.raises(ValueError, match="impl: expected one of"):
@@ -137,35 +105,3 @@ def test_choose_tiers_covers_the_largest_group(counts):
     b = choose_tiers(torch.tensor(counts))
     assert b[0] == 0 and b[-1] >= max(counts) and all(x < y for x, y in zip(b, b[1:]))
     assert all(x % PAD_MULTIPLE == 0 for x in b) and len(b) - 1 <= MAX_TIERS
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_selected_logits_sparse_backward_equals_dense_gather(dtype):
-    """The sparse router backward gives the gradients of ``(x Wᵀ).gather(1, idx)`` in x and W."""
-    g = torch.Generator().manual_seed(3)
-    N, E, d, k = 40, 24, 16, 5
-    x = torch.randn(N, d, generator=g).to(dtype).requires_grad_()
-    W = torch.randn(E, d, generator=g).to(dtype).requires_grad_()
-    idx = torch.randint(0, E, (N, k), generator=g)
-    idx[:, 1] = idx[:, 0]  # repeated experts in a row must accumulate, not overwrite
-    up = torch.randn(N, k, generator=g)
-    xr, Wr = (t.detach().float().requires_grad_() for t in (x, W))
-    ref = (xr @ Wr.T).gather(1, idx)
-    logits = (x.float() @ W.float().T).detach()
-    out = selected_logits(x, W, logits, idx)
-    torch.testing.assert_close(out, ref.detach(), atol=1e-5, rtol=1e-5)
-    gx, gW = torch.autograd.grad((out * up).sum(), (x, W))
-    rx, rW = torch.autograd.grad((ref * up).sum(), (xr, Wr))
-    assert gx.dtype == dtype and gW.dtype == dtype
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(gx.float(), rx, atol=tol, rtol=tol)
-    torch.testing.assert_close(gW.float(), rW, atol=tol, rtol=tol)
-
-
-def test_combine_weights_stay_finite_when_selected_scores_underflow():
-    """Logits far below −104 make sigmoid exactly 0: weights are 0 (no NaN), gradients finite."""
-    logits = torch.full((3, 6), -300.0, requires_grad=True)
-    _, idx, w = route(logits, torch.zeros(6), 2)
-    assert torch.isfinite(w).all() and (w == 0).all()
-    w.sum().backward()
-    assert torch.isfinite(logits.grad).all()

@@ -1,4 +1,5 @@
-"""Tiled attention over packed documents == the full [T, T] block-diagonal mask, values and gradients."""
+"""Attention over packed documents (ops/attention/packed.py) == the full [T, T] block-diagonal mask
+(ops/attention/naive.py), values and gradients."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from longmoe.ops.packed_attention import packed_causal_attention, packed_causal_attention_reference
+from longmoe.ops.attention import packed_causal_attention, packed_causal_attention_reference
 
 
 def _qkv(T: int, dtype=torch.float32, B: int = 1, H: int = 2, D: int = 16, Dv: int = 8, seed: int = 0):

@@ -1,4 +1,4 @@
-"""KDA operator: the chunked all-GEMM path against the token-by-token reference (design.md §1.1)."""
+"""Chunked KDA (ops/kda/chunk.py) against the token-by-token reference (ops/kda/naive.py), design.md §1.1."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from longmoe.ops.gates import bounded_decay, softplus_decay
-from longmoe.ops.kda import kda_chunk, kda_recurrent, kda_step
+from longmoe.ops.kda import kda_chunk, kda_recurrent
 
 F64 = torch.float64
 
@@ -17,7 +17,7 @@ F64 = torch.float64
 def make_inputs(B, T, H, K, V, *, dtype=F64, seed=0, h_scale=1.0, h_shift=0.0, beta=None, gate="bounded"):
     """Random KDA inputs with L2-normalised keys (as the layer feeds them) and bounded gates."""
     gen = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)
     q = r(B, T, H, K)
     k = F.normalize(r(B, T, H, K), dim=-1)
     v = r(B, T, H, V)
@@ -72,19 +72,6 @@ def test_split_sequence_carries_state():
     o2, s2 = kda_chunk(*(x[:, cut:] for x in (q, k, v, g, b)), initial_state=s1, output_final_state=True)
     close(torch.cat([o1, o2], 1), o_full, 1e-10)
     close(s2, s_full, 1e-10)
-
-
-def test_step_repeated_equals_chunk():
-    """kda_step applied token by token (decode) reproduces kda_chunk's outputs and final state."""
-    q, k, v, g, b = make_inputs(2, 40, 3, 8, 4, seed=4)
-    s = torch.randn(2, 3, 8, 4, dtype=F64)
-    o_ref, s_ref = kda_chunk(q, k, v, g, b, initial_state=s, output_final_state=True)
-    outs = []
-    for t in range(40):
-        o_t, s = kda_step(q[:, t], k[:, t], v[:, t], g[:, t], b[:, t], s)
-        outs.append(o_t)
-    close(torch.stack(outs, 1), o_ref, 1e-10)
-    close(s, s_ref, 1e-10)
 
 
 @pytest.mark.parametrize("grad", [False, True])
@@ -191,13 +178,6 @@ def test_bad_inputs_name_the_argument(bad, match):
     args.update(bad)
     with pytest.raises(ValueError, match=match):
         kda_chunk(**args)
-
-
-def test_step_bad_state_shape():
-    """kda_step rejects a state of the wrong shape with a message naming it."""
-    q = torch.zeros(2, 3, 4)
-    with pytest.raises(ValueError, match=r"state: expected shape \[B, H, K, V\]"):
-        kda_step(q, q, torch.zeros(2, 3, 5), q, torch.zeros(2, 3), torch.zeros(2, 3, 5, 4))
 
 
 # ---- numerics: the seeds' bounded-decay claim ----------------------------------------------------------

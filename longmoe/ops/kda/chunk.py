@@ -1,20 +1,10 @@
-"""KDA: the channel-wise gated delta rule (design.md §1.1), as a chunked all-GEMM CPU operator.
+"""Chunked KDA (design.md §1.1): the production path, chunks of ``C`` tokens with all intra-chunk work as
+batched dense matrix products over every chunk of every head at once, and only the ``[K, V]``
+chunk-to-chunk state update in a Python loop. It computes what ``naive.kda_recurrent`` computes.
 
-Per head, state ``S ∈ R^{K×V}``; for each token ``t``::
-
-    S'_t = Diag(exp(g_t)) S_{t-1}
-    S_t  = S'_t + β_t k_t (v_t − S'_tᵀ k_t)ᵀ
-    o_t  = scale · S_tᵀ q_t                     (scale defaults to K^{-1/2})
-
-``kda_recurrent`` is that loop verbatim (the reference), ``kda_step`` is one token of it (decode) and
-``kda_chunk`` is the production path: chunks of ``C`` tokens, all intra-chunk work as batched dense
-matrix products over every chunk of every head at once, and only the ``[K, V]`` chunk-to-chunk state
-update in a Python loop. The factorised form ``(Q⊙e^Γ)(K⊙e^{−Γ})ᵀ`` is only finite when the
-cumulative in-chunk log-decay ``Γ`` stays above ≈ −88 (fp32/bf16): ``gates.bounded_decay`` guarantees
-that for ``C = 16``. See docs/kda.md for the derivation.
-
-The op does not L2-normalise q/k (the layer does). States are fp32 (float64 for float64 inputs);
-outputs have ``v.dtype``; bf16 inputs are computed in fp32.
+The factorised form ``(Q⊙e^Γ)(K⊙e^{−Γ})ᵀ`` is only finite when the cumulative in-chunk log-decay ``Γ``
+stays above ≈ −88 (fp32/bf16): ``ops.gates.bounded_decay`` guarantees that for ``C = 16``. See
+docs/kda.md for the derivation.
 """
 
 from __future__ import annotations
@@ -22,135 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from longmoe.ops.kda.checks import check_inputs, check_state, compute_dtype, resolve_scale
+
 DEFAULT_CHUNK_SIZE = 16
-
-
-# ----------------------------------------------------------------------------------------------------------
-# validation
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _check_tensor(name: str, x: object, shape: tuple[int, ...], expect: str, ref: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name}: expected a tensor of shape {expect}, got {type(x).__name__}")
-    if tuple(x.shape) != shape:
-        raise ValueError(f"{name}: expected shape {expect} = {list(shape)}, got {list(x.shape)}")
-    if x.device != ref.device:
-        raise ValueError(f"{name}: expected device {ref.device} (same as q), got {x.device}")
-    if x.dtype != ref.dtype:
-        raise ValueError(f"{name}: expected dtype {ref.dtype} (same as q), got {x.dtype}")
-
-
-def _check_state(name: str, s: object, shape: tuple[int, ...], expect: str, ref: torch.Tensor) -> None:
-    if not isinstance(s, torch.Tensor):
-        raise ValueError(f"{name}: expected a tensor of shape {expect}, got {type(s).__name__}")
-    if tuple(s.shape) != shape:
-        raise ValueError(f"{name}: expected shape {expect} = {list(shape)}, got {list(s.shape)}")
-    if s.device != ref.device:
-        raise ValueError(f"{name}: expected device {ref.device} (same as q), got {s.device}")
-    if not s.is_floating_point():
-        raise ValueError(f"{name}: expected a floating-point state, got {s.dtype}")
-
-
-def _check_inputs(q, k, v, g, beta) -> tuple[int, int, int, int, int]:
-    """Validate sequence inputs; returns ``(B, T, H, K, V)``."""
-    if not isinstance(q, torch.Tensor) or q.dim() != 4:
-        raise ValueError(f"q: expected a tensor of shape [B, T, H, K], got {getattr(q, 'shape', type(q))}")
-    if not q.is_floating_point():
-        raise ValueError(f"q: expected a floating-point dtype, got {q.dtype}")
-    B, T, H, K = q.shape
-    if not isinstance(v, torch.Tensor) or v.dim() != 4:
-        raise ValueError(f"v: expected a tensor of shape [B, T, H, V], got {getattr(v, 'shape', type(v))}")
-    V = v.shape[-1]
-    _check_tensor("k", k, (B, T, H, K), "[B, T, H, K]", q)
-    _check_tensor("v", v, (B, T, H, V), "[B, T, H, V]", q)
-    _check_tensor("g", g, (B, T, H, K), "[B, T, H, K]", q)
-    _check_tensor("beta", beta, (B, T, H), "[B, T, H]", q)
-    return B, T, H, K, V
-
-
-def _scale(scale: float | None, K: int) -> float:
-    if scale is None:
-        return K**-0.5
-    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
-        raise ValueError(f"scale: expected a float or None, got {type(scale).__name__}")
-    return float(scale)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# reference and decode
-
-
-def kda_step(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-    *,
-    scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token of the recurrence (decode): returns ``(o [B, H, V], new_state [B, H, K, V])``.
-
-    ``q, k, g``: ``[B, H, K]``; ``v``: ``[B, H, V]``; ``beta``: ``[B, H]``; ``state``: ``[B, H, K, V]``.
-    """
-    if not isinstance(q, torch.Tensor) or q.dim() != 3 or not q.is_floating_point():
-        raise ValueError(
-            f"q: expected a floating-point tensor of shape [B, H, K], got {getattr(q, 'shape', q)}"
-        )
-    B, H, K = q.shape
-    if not isinstance(v, torch.Tensor) or v.dim() != 3:
-        raise ValueError(f"v: expected a tensor of shape [B, H, V], got {getattr(v, 'shape', type(v))}")
-    V = v.shape[-1]
-    _check_tensor("k", k, (B, H, K), "[B, H, K]", q)
-    _check_tensor("v", v, (B, H, V), "[B, H, V]", q)
-    _check_tensor("g", g, (B, H, K), "[B, H, K]", q)
-    _check_tensor("beta", beta, (B, H), "[B, H]", q)
-    _check_state("state", state, (B, H, K, V), "[B, H, K, V]", q)
-    scale = _scale(scale, K)
-    out_dtype, cdt = v.dtype, _compute_dtype(v.dtype)
-    q, k, v, g, beta = (x.to(cdt) for x in (q, k, v, g, beta))
-    S = state.to(cdt) * g.exp().unsqueeze(-1)  # [B, H, K, V]   S' = Diag(e^g) S
-    pred = torch.einsum("bhk,bhkv->bhv", k, S)  # [B, H, V]      S'ᵀ k
-    S = S + torch.einsum("bhk,bhv->bhkv", k, beta.unsqueeze(-1) * (v - pred))
-    o = scale * torch.einsum("bhk,bhkv->bhv", q, S)  # [B, H, V]
-    return o.to(out_dtype), S
-
-
-def kda_recurrent(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-by-token reference of the recurrence (slow; the oracle for ``kda_chunk``).
-
-    Returns ``(o [B, T, H, V], final_state [B, H, K, V] or None)``.
-    """
-    B, T, H, K, V = _check_inputs(q, k, v, g, beta)
-    if initial_state is not None:
-        _check_state("initial_state", initial_state, (B, H, K, V), "[B, H, K, V]", q)
-    cdt = _compute_dtype(v.dtype)
-    S = q.new_zeros(B, H, K, V, dtype=cdt) if initial_state is None else initial_state.to(cdt)
-    outs = []
-    for t in range(T):
-        o_t, S = kda_step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], S, scale=scale)
-        outs.append(o_t)  # [B, H, V]
-    o = torch.stack(outs, dim=1) if outs else v.new_zeros(B, 0, H, V)
-    return o, (S if output_final_state else None)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# chunked production path
 
 
 def _chunk_layout(cu_seqlens: torch.Tensor | None, B: int, T: int, C: int, device: torch.device):
@@ -240,7 +104,7 @@ def kda_chunk(
     after the scan. (Fusing the scan into one ``S_{n+1} = M_n S_n + B_n`` GEMM with a precomputed ``[K, K]``
     transition was measured slower on CPU: ``M`` is ``K/C`` times larger than the chunk inputs.)
     """
-    B, T, H, K, V = _check_inputs(q, k, v, g, beta)
+    B, T, H, K, V = check_inputs(q, k, v, g, beta)
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
     if cu_seqlens is not None:
@@ -250,10 +114,10 @@ def kda_chunk(
     else:
         state_shape, state_expect = (B, H, K, V), "[B, H, K, V]"
     if initial_state is not None:
-        _check_state("initial_state", initial_state, state_shape, state_expect, q)
-    scale = _scale(scale, K)
+        check_state("initial_state", initial_state, state_shape, state_expect, q)
+    scale = resolve_scale(scale, K)
     C = chunk_size
-    cdt = _compute_dtype(v.dtype)
+    cdt = compute_dtype(v.dtype)
 
     dest, Tp, first, last, n_docs = _chunk_layout(cu_seqlens, B, T, C, q.device)
     Bt, G = B, B * H  # Bt: batch of the chunk sequence (1 with cu_seqlens); G: independent state slots

@@ -1,9 +1,8 @@
-"""Sparse MoE routing and dropless dispatch as pure tensor functions (design.md §1.5).
+"""Dropless dispatch of the routed GLU experts (design.md §1.5) as a pure tensor function.
 
-``route`` picks ``k`` experts per token on the *biased* sigmoid scores and returns combine weights from
-the *unbiased* ones; ``dispatch_experts`` runs the selected GLU experts for every (token, expert) pair
-with no Python loop over experts and no dropped tokens. ``dense_reference`` runs every expert on every
-token and masks: slow, obviously correct, the oracle the tests compare against.
+``dispatch_experts`` runs the selected GLU experts (``ops/glu.py``) for every (token, expert) pair the
+router chose (``ops/moe/route.py``), with no Python loop over experts and no dropped tokens.
+``ops/moe/naive.py`` is the slow, obviously correct oracle it is tested against.
 
 Dispatch layout ("tiered padded bmm", ``Layout``). Pairs are sorted by expert (stable) and written into
 zero-padded expert-major row blocks by one gather. Tier 1 gives every expert ``C1`` rows and runs as
@@ -24,130 +23,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from longmoe.ops.glu import glu_act, glu_act_backward
+
 PAD_MULTIPLE = 8  # rows per expert are padded to a multiple of this (SIMD-friendly GEMM tiles)
 IMPLS = ("bmm", "grouped_mm")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# routing
-
-
-def topk_lowest_index(v: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the ``k`` largest entries per row, ties broken toward the lower index, ascending order.
-
-    ``torch.topk`` does not specify which of several equal values it returns; routing must be
-    reproducible, so rows with a tie across the k-th boundary are redone with an explicit rule.
-    """
-    # v: [N, E] -> [N, k] long
-    N, E = v.shape
-    if k == E:
-        return torch.arange(E, device=v.device).expand(N, E).clone()
-    vals, idx = torch.topk(v, k + 1, dim=-1)  # [N, k+1], sorted descending
-    idx = idx[:, :k]
-    tie = vals[:, k - 1] == vals[:, k]  # [N] rows where the boundary value is shared
-    if bool(tie.any()):
-        rows = tie.nonzero().squeeze(1)
-        vr = v[rows]  # [R, E]
-        thr = vals[rows, k - 1 : k]  # [R, 1]
-        gt = vr > thr
-        eq = vr == thr
-        need = k - gt.sum(-1, keepdim=True)  # [R, 1] how many tied entries to take, lowest index first
-        take = eq & (torch.cumsum(eq.to(torch.int32), dim=-1) <= need)
-        sel = (gt | take).nonzero()[:, 1].view(-1, k)  # row-major: ascending index within each row
-        idx = idx.clone()
-        idx[rows] = sel
-    return idx.sort(dim=-1).values
-
-
-def route(
-    logits: torch.Tensor, bias: torch.Tensor, top_k: int, routed_scale: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sigmoid router: select on ``scores + bias``, weight by the unbiased selected scores renormalised.
-
-    Returns ``(scores [N, E] fp32, idx [N, k] long, weights [N, k] fp32)``. ``bias`` never reaches the
-    weights, and selection is not differentiable, so the bias gets no gradient by construction.
-    """
-    scores = torch.sigmoid(logits.float())  # [N, E]
-    with torch.no_grad():
-        idx = topk_lowest_index(scores + bias.float(), top_k)  # [N, k]
-    return scores, idx, combine_weights(scores.gather(1, idx), routed_scale)  # w [N, k]
-
-
-class _SelectedLogits(torch.autograd.Function):
-    """``logits.gather(1, idx)`` for ``logits = x Wᵀ``, differentiable in ``x`` and ``W`` with a sparse
-    backward: only the ``k`` selected entries per token carry gradient, so ``dx = Σ_j g[n, j] W[idx]``
-    (one ``embedding_bag``) and ``dW`` is a scatter of ``k`` rank-1 terms per token: O(N·k·d) instead of
-    the dense router's two O(N·E·d) GEMMs (at E = 896, k = 8, 112× less work).
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, logits, idx):  # noqa: ANN001
-        # x [N, d]; weight [E, d]; logits [N, E] (computed without grad); idx [N, k] -> [N, k] fp32
-        ctx.save_for_backward(x, weight, idx)
-        return logits.gather(1, idx)
-
-    @staticmethod
-    def backward(ctx, g):  # noqa: ANN001
-        x, weight, idx = ctx.saved_tensors
-        N, k = idx.shape
-        g = g.float().contiguous()  # [N, k]
-        dx = dw = None
-        if ctx.needs_input_grad[0]:
-            dx = F.embedding_bag(idx, weight.float(), per_sample_weights=g, mode="sum").to(x.dtype)
-        if ctx.needs_input_grad[1]:
-            tok = torch.arange(N, device=x.device).repeat_interleave(k)
-            G = torch.sparse_coo_tensor(
-                torch.stack([idx.reshape(-1), tok]),
-                g.reshape(-1),
-                (weight.shape[0], N),
-                check_invariants=False,
-            )
-            dw = torch.sparse.mm(G, x.float()).to(weight.dtype)  # [E, d]
-        return dx, dw, None, None
-
-
-def selected_logits(
-    x: torch.Tensor, weight: torch.Tensor, logits: torch.Tensor, idx: torch.Tensor
-) -> torch.Tensor:
-    """The router logits of the selected experts, ``(x Wᵀ).gather(1, idx)`` [N, k] fp32, whose backward
-    touches only the selected experts. ``logits`` is the no-grad ``x Wᵀ`` already computed for selection."""
-    return _SelectedLogits.apply(x, weight, logits, idx)
-
-
-def combine_weights(selected: torch.Tensor, routed_scale: float = 1.0) -> torch.Tensor:
-    """Combine weights from the *unbiased* selected scores [N, k]: renormalised to 1, times the scale.
-
-    The ``1e-20`` keeps a token whose selected sigmoid scores all underflow to 0 (logits below ~−104,
-    reachable when the bias picks experts) at weight 0 instead of 0/0 = NaN.
-    """
-    return selected / (selected.sum(-1, keepdim=True) + 1e-20) * routed_scale
-
-
-# ----------------------------------------------------------------------------------------------------------
-# GLU helpers
-
-
-def glu_act(h: torch.Tensor, glu: str) -> torch.Tensor:
-    """``act(gate) * up`` for a fused ``[..., 2f]`` = gate|up tensor."""
-    g, u = h.chunk(2, dim=-1)
-    a = F.silu(g) if glu == "swiglu" else F.gelu(g, approximate="tanh")
-    return a * u
-
-
-def _glu_act_bwd(h: torch.Tensor, da: torch.Tensor, glu: str) -> torch.Tensor:
-    """Gradient of ``glu_act`` w.r.t. the fused input ``h`` given the gradient ``da`` of its output."""
-    g, u = h.chunk(2, dim=-1)
-    if glu == "swiglu":
-        dg = torch.ops.aten.silu_backward(da * u, g)
-        du = da * F.silu(g)
-    else:
-        dg = torch.ops.aten.gelu_backward(da * u, g, approximate="tanh")
-        du = da * F.gelu(g, approximate="tanh")
-    return torch.cat([dg, du], dim=-1)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# layout
 
 
 class Layout:
@@ -256,7 +135,7 @@ class _PaddedExperts(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, z, weights, w_in, w_out, lay, glu):  # noqa: ANN001
+    def forward(ctx, z, weights, w_in, w_out, lay, glu):
         # z [N, l]; weights [N, k]; w_in [E, l, 2f]; w_out [E, f, l] -> out [N, l]
         l = z.shape[1]
         xp = _gather_padded(z, lay.tok_of_row)  # [R, l]
@@ -275,7 +154,7 @@ class _PaddedExperts(torch.autograd.Function):
         return F.embedding_bag(lay.row_of_pair.view(lay.N, lay.k), yp, mode="sum")  # [N, l]
 
     @staticmethod
-    def backward(ctx, dout):  # noqa: ANN001
+    def backward(ctx, dout):
         xp, wr, *saved = ctx.saved_tensors
         lay = ctx.lay
         l = xp.shape[1]
@@ -291,7 +170,7 @@ class _PaddedExperts(torch.autograd.Function):
             gwo = torch.bmm(aw.transpose(1, 2), gy)  # [n, f, l]
             daw = torch.bmm(gy, wo.transpose(1, 2))  # [n, C, f]
             dwr[rows] = (glu_act(h, ctx.glu).to(acc) * daw.to(acc)).sum(-1).view(-1)
-            dh = _glu_act_bwd(h, daw * wr[rows].view(n, cap, 1), ctx.glu)  # [n, C, 2f]
+            dh = glu_act_backward(h, daw * wr[rows].view(n, cap, 1), ctx.glu)  # [n, C, 2f]
             gwi = torch.bmm(x.transpose(1, 2), dh)  # [n, l, 2f]
             torch.bmm(dh, wi.transpose(1, 2), out=dxp[rows].view(n, cap, l))
             if experts is None:
@@ -305,7 +184,9 @@ class _PaddedExperts(torch.autograd.Function):
         return dz, dweights, dw_in, dw_out, None, None
 
 
-def _grouped_experts(xs, w_in, w_out, counts, glu):  # noqa: ANN001
+def _grouped_experts(
+    xs: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor, counts: torch.Tensor, glu: str
+) -> torch.Tensor:
     """The same computation with ``torch._grouped_mm`` over the unpadded sorted rows (autograd built in)."""
     offs = torch.cumsum(counts, 0).to(torch.int32)
     h = torch._grouped_mm(xs, w_in, offs=offs)
@@ -338,21 +219,3 @@ def dispatch_experts(
     Y = torch.empty_like(ys).index_copy(0, lay.order, ys)  # [N*k, l] pair order
     # combine: out[n] = Σ_j w[n, j] Y[n, j]
     return torch.bmm(weights.to(Y.dtype).unsqueeze(1), Y.view(N, k, -1)).squeeze(1)  # [N, l]
-
-
-def dense_reference(
-    z: torch.Tensor,
-    idx: torch.Tensor,
-    weights: torch.Tensor,
-    w_in: torch.Tensor,
-    w_out: torch.Tensor,
-    glu: str = "swiglu",
-) -> torch.Tensor:
-    """Every expert on every token, masked by the routing: O(N·E) work; the oracle for the dispatch."""
-    N, k = idx.shape
-    E = w_in.shape[0]
-    h = torch.einsum("nl,elh->enh", z, w_in)  # [E, N, 2f]
-    y = torch.einsum("enf,efl->enl", glu_act(h, glu), w_out)  # [E, N, l]
-    gate = torch.zeros(N, E, dtype=weights.dtype, device=z.device)
-    gate = gate.scatter_add(1, idx, weights)  # [N, E]
-    return torch.einsum("ne,enl->nl", gate.to(y.dtype), y)

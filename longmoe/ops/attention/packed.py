@@ -16,8 +16,8 @@ its training step.
   documents, cost ``O(T · (tile + longest document))``.
 On one core at T = 4096 (``bench/packed_attention.py``): 22 documents of 50-460 tokens, per-document
 58 ms vs tiles 84 ms (full mask 695 ms); 193 documents of 4-40 tokens, per-document 173 ms vs tiles
-78 ms. Both equal the masked full attention up to float rounding;
-``packed_causal_attention_reference`` is that full version.
+78 ms. Both equal the masked full attention up to float rounding; ``ops/attention/naive.py``
+(``packed_causal_attention_reference``) is that full version.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ DEFAULT_TILE = 256
 MIN_DOC_TOKENS = 64  # mean document length from which one call per document beats the tiles
 
 
-def _offsets(cu_seqlens: torch.Tensor, T: int) -> list[int]:
+def document_offsets(cu_seqlens: torch.Tensor, T: int) -> list[int]:
     """The offsets as Python ints, checked to run non-decreasing from 0 to ``T``."""
     bounds = [int(x) for x in cu_seqlens.tolist()] if cu_seqlens.dim() == 1 else []
     if not bounds or bounds[0] != 0 or bounds[-1] != T or any(b < a for a, b in zip(bounds, bounds[1:])):
@@ -37,7 +37,7 @@ def _offsets(cu_seqlens: torch.Tensor, T: int) -> list[int]:
     return bounds
 
 
-def _doc_id(bounds: list[int], T: int, device: torch.device) -> torch.Tensor:
+def document_ids(bounds: list[int], T: int, device: torch.device) -> torch.Tensor:
     """``[T]`` index of each token's document."""
     cu = torch.tensor(bounds, device=device)
     return torch.searchsorted(cu[1:], torch.arange(T, device=device), right=True)
@@ -64,7 +64,7 @@ def packed_causal_attention(
         )
     if tile < 1:
         raise ValueError(f"tile={tile}: expected a positive integer")
-    bounds = _offsets(cu_seqlens, T)
+    bounds = document_offsets(cu_seqlens, T)
     spans = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
     if len(spans) * min_doc_tokens <= T:  # documents long enough: one mask-free causal call each
         outs = [
@@ -74,7 +74,7 @@ def packed_causal_attention(
             for a, b in spans
         ]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
-    doc_id = _doc_id(bounds, T, q.device)
+    doc_id = document_ids(bounds, T, q.device)
     outs = []
     for a in range(0, T, tile):
         b = min(a + tile, T)
@@ -89,17 +89,3 @@ def packed_causal_attention(
             )
         )
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
-
-
-def packed_causal_attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """The obviously-correct version: one attention call with the full ``[T, T]`` block-diagonal mask."""
-    T = q.shape[-2]
-    doc_id = _doc_id(_offsets(cu_seqlens, T), T, q.device)
-    mask = torch.tril(doc_id[:, None] == doc_id[None, :])
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
