@@ -30,7 +30,7 @@ test-all: lint
 	$(BIN)/pytest -q -m ''
 
 bench: $(STAMP)
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python -m bench.run_all
 
 demo: $(STAMP)
 	$(BIN)/python -m longmoe demo

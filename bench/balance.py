@@ -6,29 +6,26 @@ their layer's input, so nearly every token picks them. Reported per run: batch M
 (mean over MoE layers, plotted), the final MaxVio (mean of the last 10 steps), MaxVio and dead experts
 on the validation windows (global load over all of them), and validation loss.
 
-    python bench/balance.py            # E = 64 (k = 4) and E = 256 (k = 8), a few minutes
-    python bench/balance.py --quick    # E = 64 only, a few steps (seconds)
+    python -m bench.balance            # E = 64 (k = 4) and E = 256 (k = 8), a few minutes
+    python -m bench.balance --quick    # E = 64 only, a few steps (seconds)
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import RESULTS, markdown_table, write_results  # noqa: E402
-from longmoe.config import FFNConfig, ModelConfig  # noqa: E402
-from longmoe.data.mix import make_mix  # noqa: E402
-from longmoe.data.packing import Packer, collate  # noqa: E402
-from longmoe.data.tokenizer import tokenizer_for_tests  # noqa: E402
-from longmoe.layers import balance  # noqa: E402
-from longmoe.model import LongMoE  # noqa: E402
+from bench.common import RESULTS, markdown_table, write_results
+from longmoe.config import FFNConfig, ModelConfig
+from longmoe.data.mix import make_mix
+from longmoe.data.packing import Packer, collate
+from longmoe.data.tokenizer import tokenizer_for_tests
+from longmoe.layers import balance
+from longmoe.model import LongMoE
 
 BALANCERS = ("quantile", "sign", "aux", "none")
 

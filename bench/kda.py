@@ -9,8 +9,8 @@ Forward is timed under ``torch.no_grad()`` (the inference path) for every implem
 with autograd. The roofline is this machine's ``torch.mm`` throughput measured in the same run, and the
 operator's share counts the useful FLOPs of the chunked algorithm (``kda_flops``).
 
-    python bench/kda.py            # T in {1024, 4096, 16384}, fp32 and bf16
-    python bench/kda.py --quick    # T = 1024, fp32 only (seconds; used by `make demo`)
+    python -m bench.kda            # T in {1024, 4096, 16384}, fp32 and bf16
+    python -m bench.kda --quick    # T = 1024, fp32 only (seconds)
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import gemm_roofline, markdown_table, timeit, write_results  # noqa: E402
-from longmoe.ops.gates import bounded_decay  # noqa: E402
-from longmoe.ops.kda import kda_chunk  # noqa: E402
+from bench.common import gemm_roofline, markdown_table, timeit, write_results
+from longmoe.ops.gates import bounded_decay
+from longmoe.ops.kda import kda_chunk
 
 B, H, K, V, C = 1, 4, 64, 64, 16
 
@@ -110,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [1024] if args.quick else [1024, 4096, 16384]
     dtypes = [torch.float32] if args.quick else [torch.float32, torch.bfloat16]
     peers = load_peers()
-    ours = lambda q, k, v, g, b: kda_chunk(q, k, v, g, b, chunk_size=C)[0]  # noqa: E731
+    ours = lambda q, k, v, g, b: kda_chunk(q, k, v, g, b, chunk_size=C)[0]
     roof = {str(dt).split(".")[-1]: gemm_roofline(dt) for dt in dtypes}
     print("torch.mm roofline (GFLOP/s):", {k: round(v / 1e9, 1) for k, v in roof.items()}, flush=True)
 

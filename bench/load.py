@@ -6,8 +6,8 @@ the engine, then runs all clients at once through ``/v1/completions`` with ``str
 checks: every request succeeded, every stream ended with ``data: [DONE]``, and every streamed text
 equals its solo output. Exits non-zero otherwise; a global timeout makes it stop by itself.
 
-    python bench/load.py                 # 32 clients x 32 tokens
-    python bench/load.py --clients 8 --max-tokens 8
+    python -m bench.load                 # 32 clients x 32 tokens
+    python -m bench.load --clients 8 --max-tokens 8
 """
 
 from __future__ import annotations
@@ -15,18 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import markdown_table, write_results  # noqa: E402
-from longmoe.serve.engine import Engine  # noqa: E402
-from longmoe.serve.sampling import SamplingParams  # noqa: E402
-from longmoe.serve.server import create_app, serve_in_thread  # noqa: E402
+from bench.common import markdown_table, write_results
+from longmoe.serve.engine import Engine
+from longmoe.serve.sampling import SamplingParams
+from longmoe.serve.server import create_app, serve_in_thread
 
 WORDS = [
     "the",

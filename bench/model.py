@@ -6,27 +6,23 @@ CPU. Measured in the same run: training step (forward + backward) tokens/s, no-g
 and decode ms/token after a prefill of 1K and 16K tokens. The GEMM share is ``6 · active params ·
 tokens`` per second over this machine's measured ``torch.mm`` throughput (``gemm_roofline``).
 
-    python bench/model.py           # train T in {1K, 4K}, prefill {1K, 4K, 16K}, decode at {1K, 16K}
-    python bench/model.py --quick   # small sizes, seconds
+    python -m bench.model           # train T in {1K, 4K}, prefill {1K, 4K, 16K}, decode at {1K, 16K}
+    python -m bench.model --quick   # small sizes, seconds
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import gemm_roofline, markdown_table, timeit, write_results  # noqa: E402
-from longmoe.config import FFNConfig, ModelConfig  # noqa: E402
-from longmoe.inspect import report  # noqa: E402
-from longmoe.model import LongMoE  # noqa: E402
+from bench.common import gemm_roofline, markdown_table, timeit, write_results
+from longmoe.config import FFNConfig, ModelConfig
+from longmoe.inspect import report
+from longmoe.model import LongMoE
 
 VOCAB, D, L, HEADS, HD = 2048, 256, 8, 4, 64
 

@@ -12,26 +12,22 @@ throughput, read just before and after each row's timings (the higher of the two
 transformers loop allocates a full-size gradient per expert hit in backward (minutes at E = 896), so
 for E > 64 its fwd+bwd is timed once (one repetition, no warm-up) and in fp32 only.
 
-    python bench/moe.py            # E in {8, 64, 256, 896}, fp32 and bf16, plus α = 4
-    python bench/moe.py --quick    # E in {8, 64}, 512 tokens, fp32 (seconds)
-    LONGMOE_MALLOC_TUNE=0 python bench/moe.py   # glibc's default allocator behaviour, for both peers
+    python -m bench.moe            # E in {8, 64, 256, 896}, fp32 and bf16, plus α = 4
+    python -m bench.moe --quick    # E in {8, 64}, 512 tokens, fp32 (seconds)
+    LONGMOE_MALLOC_TUNE=0 python -m bench.moe   # glibc's default allocator behaviour, for both peers
                                                 # (results in moe_malloc_default.*, README untouched)
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import warnings
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import MALLOC_TUNED, gemm_roofline, markdown_table, timeit, write_results  # noqa: E402
-from longmoe.config import FFNConfig  # noqa: E402
-from longmoe.layers.moe import MoELayer  # noqa: E402
+from bench.common import MALLOC_TUNED, gemm_roofline, markdown_table, timeit, write_results
+from longmoe.config import FFNConfig
+from longmoe.layers.moe import MoELayer
 
 D, F_HID, K, SHARED = 512, 128, 8, 128
 DEFAULT_LOOP_MAX_E = 64  # transformers' loop backward is minutes beyond this
@@ -137,7 +133,7 @@ def run_case(
         with torch.no_grad():
             try:
                 out = mod(xd.unsqueeze(0)).squeeze(0).float()
-            except Exception as e:  # noqa: BLE001 - a peer that cannot run this dtype is reported, not fatal
+            except Exception as e:  # a peer that cannot run this dtype is reported, not fatal
                 rows.append([E, dt, alpha, name, f"error: {type(e).__name__}"] + [""] * 5)
                 continue
         err = 0.0 if ref is None else float((out - ref).abs().max() / ref.abs().max())

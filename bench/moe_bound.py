@@ -13,21 +13,18 @@ The layer and transformers' ``grouped_mm`` MoE block are timed in the same run (
 bf16 ``torch.mm`` is not faster than fp32 (no AVX512-BF16 / AMX: a bf16 GEMM there runs a slow
 reference path, and a share of it means nothing).
 
-    python bench/moe_bound.py
+    python -m bench.moe_bound
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import gemm_roofline, markdown_table, timeit, write_results  # noqa: E402
-from bench.moe import F_HID, SHARED, D, K, moe_flops, run_case  # noqa: E402
-from longmoe.config import FFNConfig  # noqa: E402
+from bench.common import gemm_roofline, markdown_table, timeit, write_results
+from bench.moe import F_HID, SHARED, D, K, moe_flops, run_case
+from longmoe.config import FFNConfig
 
 E, N = 896, 4096
 HEADER = [
@@ -43,7 +40,9 @@ def copy_bandwidth(n_bytes: int = 1 << 30) -> float:
     return 2 * n_bytes / timeit(lambda: dst.copy_(src), warmup=1, iters=5, stat=min)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.parse_known_args(argv)  # one fixed size: ``make bench``'s shared flags (--quick) change nothing here
     bw = copy_bandwidth()
     cfg = FFNConfig(kind="moe", n_experts=E, top_k=K, n_shared=1, latent_ratio=1, expert_hidden=F_HID,
                     shared_hidden=SHARED)  # fmt: skip

@@ -12,26 +12,19 @@ Useful FLOPs count only the allowed (causal, same-document) scores: ``Σ_docs n(
 forward, 2.5× that for the backward (the conventional attention count). Layouts are what training
 produces: windows of ``W`` tokens, each holding documents of random lengths, concatenated into one row.
 
-    python bench/packed_attention.py           # T = 4096 and 16384, fp32 and bf16
-    python bench/packed_attention.py --quick   # T = 4096, fp32 (seconds)
+    python -m bench.packed_attention           # T = 4096 and 16384, fp32 and bf16
+    python -m bench.packed_attention --quick   # T = 4096, fp32 (seconds)
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import markdown_table, timeit, write_results  # noqa: E402
-from longmoe.ops.packed_attention import (  # noqa: E402
-    packed_causal_attention,
-    packed_causal_attention_reference,
-)
+from bench.common import markdown_table, timeit, write_results
+from longmoe.ops.attention import packed_causal_attention, packed_causal_attention_reference
 
 
 def layout(T: int, window: int, lo: int, hi: int, seed: int = 0) -> torch.Tensor:
@@ -96,7 +89,7 @@ def run_case(T: int, window: int, doc: tuple[int, int], dtype: torch.dtype, H: i
 
 def render(rows: list[dict], H: int, D: int) -> str:
     """The markdown table (speed-ups against the full-mask row of the same case)."""
-    case = lambda r: (r["T"], r["window"], r["docs"], r["dtype"])  # noqa: E731
+    case = lambda r: (r["T"], r["window"], r["docs"], r["dtype"])
     base = {case(r): r for r in rows if r["impl"] == "full mask"}
     table = [
         [

@@ -1,19 +1,24 @@
-"""`make bench`: run every benchmark script in bench/ (each writes bench/results/<name>.json)."""
+"""`make bench`: run every benchmark module in bench/ (each writes bench/results/<name>.json).
+
+    python -m bench.run_all [--quick]    # from the repository root; arguments go to every benchmark
+"""
 
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SKIP = {"common.py", "run_all.py", "load.py"}
+SKIP = {"common", "run_all", "load"}  # helpers, this runner; the load test runs on its own and in tests/serve
 
 if __name__ == "__main__":
     failed = []
     for script in sorted(HERE.glob("*.py")):
-        if script.name in SKIP or script.name.startswith("_"):
+        name = script.stem
+        if name in SKIP or name.startswith("_"):
             continue
-        print(f"== {script.name}", flush=True)
-        if subprocess.run([sys.executable, str(script), *sys.argv[1:]]).returncode != 0:
-            failed.append(script.name)
+        print(f"== bench.{name}", flush=True)
+        cmd = [sys.executable, "-m", f"bench.{name}", *sys.argv[1:]]
+        if subprocess.run(cmd, cwd=HERE.parent).returncode != 0:
+            failed.append(name)
     if failed:
         sys.exit(f"benchmarks failed: {failed}")

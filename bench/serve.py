@@ -14,8 +14,8 @@ cache steps measured round-robin over the contexts; the peer: gaps between token
 prefill tokens/s of an 8K prompt by engine chunk size; generated tokens/s with 1, 8 and 32
 concurrent requests (continuous batching).
 
-    python bench/serve.py            # full sizes (several minutes on 2 shared cores)
-    python bench/serve.py --quick    # contexts 512/2048, small prompts (about a minute)
+    python -m bench.serve            # full sizes (several minutes on 2 shared cores)
+    python -m bench.serve --quick    # contexts 512/2048, small prompts (about a minute)
 """
 
 from __future__ import annotations
@@ -23,20 +23,16 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import markdown_table, write_results  # noqa: E402
-from longmoe.config import ModelConfig, preset  # noqa: E402
-from longmoe.model import LongMoE  # noqa: E402
-from longmoe.serve.engine import Engine, EngineConfig  # noqa: E402
-from longmoe.serve.sampling import SamplingParams  # noqa: E402
+from bench.common import markdown_table, write_results
+from longmoe.config import ModelConfig, preset
+from longmoe.model import LongMoE
+from longmoe.serve.engine import Engine, EngineConfig
+from longmoe.serve.sampling import SamplingParams
 
 MAX_CTX = 1 << 16
 WINDOWS = 3  # decode windows per measurement (see robust_ms)

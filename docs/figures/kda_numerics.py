@@ -8,20 +8,19 @@ finite). Run: ``.venv/bin/python docs/figures/kda_numerics.py`` → ``docs/figur
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+from longmoe.ops.gates import bounded_decay, softplus_decay
+from longmoe.ops.kda import kda_chunk, kda_recurrent
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from longmoe.ops.gates import bounded_decay, softplus_decay  # noqa: E402
-from longmoe.ops.kda import kda_chunk, kda_recurrent  # noqa: E402
 
 
 def rel_err(shift: float, gate: str, dtype: torch.dtype, T: int = 256) -> float:

@@ -12,7 +12,7 @@ from longmoe.ops.attention import packed_causal_attention, packed_causal_attenti
 
 def _qkv(T: int, dtype=torch.float32, B: int = 1, H: int = 2, D: int = 16, Dv: int = 8, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    mk = lambda d: torch.randn(B, H, T, d, generator=g, dtype=torch.float64).to(dtype).requires_grad_()  # noqa: E731
+    mk = lambda d: torch.randn(B, H, T, d, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
     return mk(D), mk(D), mk(Dv)
 
 

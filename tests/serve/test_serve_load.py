@@ -3,12 +3,7 @@ no errors, every stream ends with [DONE], every output equals its solo greedy ou
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.load import run  # noqa: E402
+from bench.load import run
 
 
 def test_32_concurrent_streams_equal_solo(model_dir):
