@@ -1,6 +1,6 @@
 """`make bench`: run every benchmark module in bench/ (each writes bench/results/<name>.json).
 
-    python -m bench.run_all [--quick]    # from the repository root; arguments go to every benchmark
+From the repository root: ``python -m bench.run_all [--quick]`` (the arguments go to every benchmark).
 """
 
 import subprocess

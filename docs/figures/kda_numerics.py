@@ -50,8 +50,13 @@ def main() -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, errs in data.items():
         ys = [e if e != float("inf") else 1e3 for e in errs]
-        ax.plot(shifts, ys, marker="o" if "bounded" in name else "x", label=name,
-                linestyle="-" if "float32" in name else "--")
+        ax.plot(
+            shifts,
+            ys,
+            marker="o" if "bounded" in name else "x",
+            label=name,
+            linestyle="-" if "float32" in name else "--",
+        )
     ax.axhline(1e3, color="grey", lw=0.5)
     ax.text(shifts[0], 1.3e3, "inf / NaN", fontsize=8, color="grey")
     ax.set_yscale("log")
