@@ -87,7 +87,7 @@ def make_engine(cfg: ModelConfig, **kw) -> Engine:
     from longmoe.data.tokenizer import tokenizer_for_tests
 
     torch.manual_seed(0)
-    opts = {"cache_budget_bytes": 8 << 30, "chunk_size": 2048, **kw}
+    opts = {"cache_budget_bytes": 8 << 30, "prefill_chunk": 2048, **kw}
     return Engine(LongMoE(cfg), tokenizer_for_tests(512), EngineConfig(**opts))
 
 
@@ -115,7 +115,7 @@ def model_decode_curve(engine: Engine, ctxs: list[int], n: int, rounds: int = 4)
     """Decode ms/token of the engine's model at each context, measured round-robin: every context's
     prefilled cache is kept, and each round times ``n`` steps on a fresh clone of each in turn, so a
     burst of other work on this shared machine hits all contexts alike; min over rounds."""
-    model, step = engine.model, engine.cfg.chunk_size
+    model, step = engine.model, engine.cfg.prefill_chunk
     caches = {}
     for ctx in ctxs:
         ids = torch.tensor([rand_ids(ctx, engine.vocab_size, ctx)])
@@ -206,7 +206,7 @@ def main() -> int:
         prompt = rand_ids(prefill_T, cfg.vocab_size, 1)
         one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         for cs in chunks:
-            with make_engine(cfg, chunk_size=cs) as e:
+            with make_engine(cfg, prefill_chunk=cs) as e:
                 e.generate(prompt[:256], one)  # warm-up
                 t0 = time.perf_counter()
                 e.generate(prompt, one)

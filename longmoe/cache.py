@@ -1,11 +1,19 @@
 """Per-sequence inference state and the token layout of a forward call.
 
-A ``Cache`` holds, per layer, what that layer needs to continue a sequence: for KDA layers the
-fixed-size recurrent state ``[B, H, K, V]`` (fp32) plus the last ``conv_size - 1`` conv inputs; for MLA
-layers the latent ``c`` of every past token ``[B, T_cached, d_c]`` (model dtype). Rows are independent
-sequences of possibly different lengths (``seq_lens``): MLA rows are left-aligned and zero-padded, and
-the per-row length masks the padding, so the serving engine can ``stack`` rows, decode one token for
-all of them and ``split`` them again (continuous batching).
+A ``Cache`` holds, per layer, a ``LayerState``: what that layer needs to continue a sequence. Each
+kind of state owns its behaviour (row selection, concatenation, copies, byte accounting, truncation),
+so the ``Cache`` delegates without knowing the kinds and a new kind (a draft model's state, a vision
+cache, a snapshot for prefix reuse) is one new ``LayerState`` subclass. Two kinds exist today:
+
+- ``KDAState``: the fixed-size recurrent state ``[B, H, K, V]`` (fp32) plus the last ``conv_size - 1``
+  conv inputs; the same size at 10 tokens or 1M (``StateSpec.fixed``);
+- ``MLAState``: the latent ``c`` of every past token ``[B, T_cached, d_c]`` (model dtype), growing by
+  ``d_c`` numbers per token (``StateSpec.per_token``).
+
+Rows are independent sequences of possibly different lengths (``seq_lens``): MLA rows are
+left-aligned and zero-padded, and the per-row length masks the padding, so the serving engine can
+``stack`` rows, decode one token for all of them and ``select`` / ``split`` them again (continuous
+batching).
 
 ``Packing`` describes the other layout: several documents packed into one row (``cu_seqlens``), which
 the layers must keep apart (KDA state reset + conv masking, block-diagonal MLA mask).
@@ -13,26 +21,109 @@ the layers must keep apart (KDA state reset + conv masking, block-diagonal MLA m
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Self
 
 import torch
 
 _MIN_CAPACITY = 64  # initial MLA latent slots per row; grows by doubling (amortised O(1) appends)
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """Bytes one row of a state costs: ``fixed`` whatever its length, plus ``per_token`` per token."""
+
+    fixed: int = 0
+    per_token: int = 0
+
+    def __add__(self, other: StateSpec) -> StateSpec:
+        return StateSpec(self.fixed + other.fixed, self.per_token + other.per_token)
+
+
+class LayerState(ABC):
+    """One layer's inference state for ``B`` rows (row ``b`` has seen ``seq_lens[b]`` tokens).
+
+    ``max_len`` arguments are the longest row length the result must hold; states whose size does not
+    depend on length ignore it.
+    """
+
+    @abstractmethod
+    def select(self, idx: torch.Tensor, max_len: int) -> Self:
+        """A new state (copied) with only rows ``idx [n]`` (int64, on the state's device)."""
+
+    @classmethod
+    @abstractmethod
+    def cat(cls, states: Sequence[Self], max_len: int) -> Self:
+        """The rows of ``states`` (same layer) concatenated into one state."""
+
+    @abstractmethod
+    def clone(self, max_len: int) -> Self:
+        """An independent copy."""
+
+    @abstractmethod
+    def to(self, device: torch.device | str) -> Self: ...
+
+    @abstractmethod
+    def spec(self) -> StateSpec:
+        """Bytes per row (fixed and per token)."""
+
+    def nbytes(self, seq_lens: torch.Tensor) -> int:
+        """Bytes of live state for rows of lengths ``seq_lens [B]`` (padding not counted)."""
+        s = self.spec()
+        return s.fixed * int(seq_lens.numel()) + s.per_token * int(seq_lens.sum())
+
+    def check_truncate(self, seq_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
+        """Raise ``ValueError`` if ``truncate`` to ``new_lens`` is impossible (default: always possible)."""
+        return None
+
+    @abstractmethod
+    def truncate(self, seq_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
+        """Forget tokens in place so row ``b`` holds ``new_lens[b] <= seq_lens[b]`` tokens."""
+
+
 @dataclass
-class KDAState:
+class KDAState(LayerState):
     """One KDA layer: recurrent state ``[B, H, K, V]`` fp32 and conv tail ``[B, W-1, C]``."""
 
     state: torch.Tensor
     conv: torch.Tensor
 
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.state, self.conv]
+    def select(self, idx: torch.Tensor, max_len: int) -> KDAState:
+        return KDAState(self.state.index_select(0, idx), self.conv.index_select(0, idx))
+
+    @classmethod
+    def cat(cls, states: Sequence[KDAState], max_len: int) -> KDAState:
+        return cls(torch.cat([s.state for s in states]), torch.cat([s.conv for s in states]))
+
+    def clone(self, max_len: int) -> KDAState:
+        return KDAState(self.state.clone(), self.conv.clone())
+
+    def to(self, device: torch.device | str) -> KDAState:
+        return KDAState(self.state.to(device), self.conv.to(device))
+
+    def spec(self) -> StateSpec:
+        B = max(1, self.state.shape[0])
+        return StateSpec(fixed=(_nbytes(self.state) + _nbytes(self.conv)) // B)
+
+    def check_truncate(self, seq_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
+        if bool((new_lens < seq_lens).any()):
+            raise ValueError(
+                "KDAState.truncate: a recurrent state cannot forget tokens (it holds no per-token "
+                "history); keep a snapshot of the state at the length to return to and restore it instead"
+            )
+
+    def truncate(self, seq_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
+        self.check_truncate(seq_lens, new_lens)  # only a no-op truncation gets here
 
 
 @dataclass
-class MLAState:
+class MLAState(LayerState):
     """One MLA layer: latent buffer ``[B, capacity, d_c]``; row ``b`` is valid up to ``seq_lens[b]``."""
 
     buf: torch.Tensor
@@ -46,8 +137,32 @@ class MLAState:
         buf[:, :cap] = self.buf
         self.buf = buf
 
+    def select(self, idx: torch.Tensor, max_len: int) -> MLAState:
+        return MLAState(self.buf[:, :max_len].index_select(0, idx))
 
-LayerState = KDAState | MLAState
+    @classmethod
+    def cat(cls, states: Sequence[MLAState], max_len: int) -> MLAState:
+        parts = []
+        for s in states:
+            b = s.buf[:, :max_len]
+            if b.shape[1] < max_len:
+                b = torch.cat([b, b.new_zeros(b.shape[0], max_len - b.shape[1], b.shape[2])], dim=1)
+            parts.append(b)
+        return cls(torch.cat(parts))
+
+    def clone(self, max_len: int) -> MLAState:
+        return MLAState(self.buf[:, :max_len].clone())
+
+    def to(self, device: torch.device | str) -> MLAState:
+        return MLAState(self.buf.to(device))
+
+    def spec(self) -> StateSpec:
+        return StateSpec(per_token=self.buf.shape[2] * self.buf.element_size())
+
+    def truncate(self, seq_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
+        """Zero the latents past each row's new length (padding stays zero, as ``cat`` writes it)."""
+        j = torch.arange(self.buf.shape[1], device=self.buf.device)
+        self.buf.masked_fill_((j[None, :] >= new_lens.to(self.buf.device)[:, None])[:, :, None], 0)
 
 
 @dataclass
@@ -66,83 +181,65 @@ class Cache:
         return int(self.seq_lens.max()) if self.batch_size else 0
 
     def nbytes(self) -> int:
-        """Bytes of live state: KDA states + conv tails, and the valid (unpadded) MLA latents."""
-        total, n_tokens = 0, int(self.seq_lens.sum())
-        for st in self.layers:
-            if isinstance(st, KDAState):
-                total += sum(t.numel() * t.element_size() for t in st.tensors())
-            else:
-                total += n_tokens * st.buf.shape[2] * st.buf.element_size()
-        return total
+        """Bytes of live state (each layer's own count; padding of shorter rows not included)."""
+        return sum(st.nbytes(self.seq_lens) for st in self.layers)
+
+    def spec(self) -> StateSpec:
+        """Bytes per row of all layers together (fixed and per token)."""
+        return sum((st.spec() for st in self.layers), StateSpec())
 
     def advance(self, n: int) -> None:
         """Record that every row consumed ``n`` more tokens (called by the model after all layers)."""
         self.seq_lens = self.seq_lens + n
 
     def to(self, device: torch.device | str) -> Cache:
-        out = []
-        for st in self.layers:
-            if isinstance(st, KDAState):
-                out.append(KDAState(st.state.to(device), st.conv.to(device)))
-            else:
-                out.append(MLAState(st.buf.to(device)))
-        return Cache(out, self.seq_lens.to(device))
+        return Cache([st.to(device) for st in self.layers], self.seq_lens.to(device))
 
     def clone(self) -> Cache:
-        out: list[LayerState] = []
         n = self.max_len
+        return Cache([st.clone(n) for st in self.layers], self.seq_lens.clone())
+
+    def select(self, rows: Sequence[int]) -> Cache:
+        """A new cache (copied) with only ``rows``, in that order."""
+        idx = torch.tensor(list(rows), dtype=torch.long, device=self.seq_lens.device)
+        seq_lens = self.seq_lens.index_select(0, idx)
+        n = int(seq_lens.max()) if len(idx) else 0
+        return Cache([st.select(idx, n) for st in self.layers], seq_lens)
+
+    def split(self) -> list[Cache]:
+        """One single-row cache per row (each copied and trimmed to its own length)."""
+        return [self.select([b]) for b in range(self.batch_size)]
+
+    def truncate(self, n: int | torch.Tensor) -> None:
+        """Keep only the first ``n`` tokens of every row (``n`` an int or per row ``[B]``), in place.
+
+        Rows already shorter keep their length. Raises ``ValueError`` for a layer whose state cannot
+        forget tokens (KDA's recurrent state), leaving the cache unchanged.
+        """
+        new = torch.minimum(self.seq_lens, torch.as_tensor(n, dtype=torch.long, device=self.seq_lens.device))
+        if bool((new < 0).any()):
+            raise ValueError(f"Cache.truncate: n must be >= 0, got {n}")
+        for st in self.layers:  # every layer agrees before any changes
+            st.check_truncate(self.seq_lens, new)
         for st in self.layers:
-            if isinstance(st, KDAState):
-                out.append(KDAState(st.state.clone(), st.conv.clone()))
-            else:
-                out.append(MLAState(st.buf[:, :n].clone()))
-        return Cache(out, self.seq_lens.clone())
+            st.truncate(self.seq_lens, new)
+        self.seq_lens = new
 
     @staticmethod
-    def stack(caches: list[Cache]) -> Cache:
-        """Concatenate the rows of several caches (same model) into one batch; MLA rows padded."""
+    def stack(caches: Sequence[Cache]) -> Cache:
+        """Concatenate the rows of several caches (same model) into one batch."""
         if not caches:
             raise ValueError("Cache.stack: expected a non-empty list of caches")
-        n_layers = len(caches[0].layers)
+        first = caches[0].layers
         for c in caches:
-            if len(c.layers) != n_layers or any(
-                type(a) is not type(b) for a, b in zip(c.layers, caches[0].layers, strict=True)
+            if len(c.layers) != len(first) or any(
+                type(a) is not type(b) for a, b in zip(c.layers, first, strict=True)
             ):
                 raise ValueError("Cache.stack: all caches must come from the same model (layer layout)")
         seq_lens = torch.cat([c.seq_lens for c in caches])
         n = int(seq_lens.max()) if seq_lens.numel() else 0
-        out: list[LayerState] = []
-        for i, st0 in enumerate(caches[0].layers):
-            if isinstance(st0, KDAState):
-                out.append(
-                    KDAState(
-                        torch.cat([c.layers[i].state for c in caches]),
-                        torch.cat([c.layers[i].conv for c in caches]),
-                    )
-                )
-            else:
-                parts = []
-                for c in caches:
-                    b = c.layers[i].buf[:, :n]
-                    if b.shape[1] < n:
-                        b = torch.cat([b, b.new_zeros(b.shape[0], n - b.shape[1], b.shape[2])], dim=1)
-                    parts.append(b)
-                out.append(MLAState(torch.cat(parts)))
-        return Cache(out, seq_lens)
-
-    def split(self) -> list[Cache]:
-        """One single-row cache per row (MLA latents trimmed to that row's length and copied)."""
-        rows = []
-        for b in range(self.batch_size):
-            n = int(self.seq_lens[b])
-            layers: list[LayerState] = []
-            for st in self.layers:
-                if isinstance(st, KDAState):
-                    layers.append(KDAState(st.state[b : b + 1].clone(), st.conv[b : b + 1].clone()))
-                else:
-                    layers.append(MLAState(st.buf[b : b + 1, :n].clone()))
-            rows.append(Cache(layers, self.seq_lens[b : b + 1].clone()))
-        return rows
+        layers = [type(st).cat([c.layers[i] for c in caches], n) for i, st in enumerate(first)]
+        return Cache(layers, seq_lens)
 
 
 @dataclass

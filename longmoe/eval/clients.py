@@ -62,7 +62,9 @@ class LocalClient:
         from longmoe.serve.sampling import SamplingParams
 
         self.name = str(path)
-        self.engine = Engine.from_dir(path, device=device, max_context=max_context, chunk_size=PREFILL_CHUNK)
+        self.engine = Engine.from_dir(
+            path, device=device, max_context=max_context, prefill_chunk=PREFILL_CHUNK
+        )
         self._params = SamplingParams
         self.tokenizer = self.engine.tokenizer
 

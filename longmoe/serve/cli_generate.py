@@ -15,7 +15,9 @@ from longmoe.serve.sampling import SamplingError, SamplingParams
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model directory, or a training run directory")
     p.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
-    p.add_argument("--chunk-size", type=int, default=512, help="prompt tokens per prefill step (default 512)")
+    p.add_argument(
+        "--prefill-chunk", type=int, default=512, help="prompt tokens per prefill step (default 512)"
+    )
     p.add_argument("--max-batch", type=int, default=32, help="requests decoded together (default 32)")
     p.add_argument(
         "--cache-budget-mb", type=float, default=1024.0, help="cache memory for all requests, MiB (1024)"
@@ -28,7 +30,7 @@ def engine_from_args(args: argparse.Namespace):
     return Engine.from_dir(
         args.model,
         device=args.device,
-        chunk_size=args.chunk_size,
+        prefill_chunk=args.prefill_chunk,
         max_batch=args.max_batch,
         cache_budget_bytes=int(args.cache_budget_mb * 2**20),
     )

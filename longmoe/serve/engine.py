@@ -8,10 +8,10 @@ One background thread owns the model and runs scheduler steps while there is wor
 3. runs **one batched decode step** for every request that is generating: the rows live in one
    batched ``Cache`` (rows of different lengths; MLA rows are masked to their own length), one
    forward of ``[B, 1]`` tokens, then per-row sampling with each request's own RNG;
-4. feeds **one prefill chunk** (about ``chunk_size`` prompt tokens, shared as a ``[k, L]`` batch by
+4. feeds **one prefill chunk** (about ``prefill_chunk`` prompt tokens, shared as a ``[k, L]`` batch by
    the oldest prefilling requests) into those requests' own caches, so a long prompt advances a
    slice per step while the other requests keep decoding between its slices;
-5. changes the batch membership: finished rows leave (``take_rows``), requests whose prefill just
+5. changes the batch membership: finished rows leave (``Cache.select``), requests whose prefill just
    ended join (``Cache.stack``). Membership only changes here, between steps.
 
 Rows never interact (the model is row-independent and MoE routing is per token), so a request's
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from longmoe.cache import Cache
-from longmoe.serve.cache import CacheBudget, CacheBudgetError, CacheSpec, take_rows
+from longmoe.serve.budget import CacheBudget, CacheBudgetError, CacheSpec
 from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice, sample
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class EngineError(ValueError):
 class EngineConfig:
     """Scheduler and memory knobs (validated)."""
 
-    chunk_size: int = 512  # prompt tokens fed per scheduler step (chunked prefill)
+    prefill_chunk: int = 512  # prompt tokens fed per scheduler step (chunked prefill)
     max_batch: int = 32  # requests prefilling or decoding at once
     cache_budget_bytes: int = 1 << 30  # MLA latents + KDA states of all running requests
     block_size: int = 16  # tokens per accounting block of MLA latents
@@ -69,7 +69,7 @@ class EngineConfig:
     max_context: int | None = None
 
     def __post_init__(self) -> None:
-        for f in ("chunk_size", "max_batch", "cache_budget_bytes", "block_size", "max_waiting"):
+        for f in ("prefill_chunk", "max_batch", "cache_budget_bytes", "block_size", "max_waiting"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{f}: expected an integer >= 1, got {v!r}")
@@ -422,14 +422,14 @@ class Engine:
             self._prefilling.append(r)
 
     def _prefill_step(self) -> int:
-        """Feed one chunk of about ``chunk_size`` prompt tokens in one forward call.
+        """Feed one chunk of about ``prefill_chunk`` prompt tokens in one forward call.
 
         The oldest prefilling requests form a group of ``k`` rows that each get the same number
-        ``L = min(shortest remaining prompt, chunk_size // k)`` of new tokens, so the chunk is a
+        ``L = min(shortest remaining prompt, prefill_chunk // k)`` of new tokens, so the chunk is a
         dense ``[k, L]`` batch (rows may have different cached lengths; the cache masks per row).
         Any split of a prompt gives the same logits, so the grouping never changes an output.
         """
-        cs = self.cfg.chunk_size
+        cs = self.cfg.prefill_chunk
         group = self._prefilling[: max(1, cs // _MIN_PREFILL_ROW)]
         L = min(min(len(r.prompt_ids) - r.n_fed for r in group), max(1, cs // len(group)))
         x = torch.tensor(
@@ -478,7 +478,7 @@ class Engine:
         keep = [i for i, r in enumerate(self._batch_reqs) if r.finish is None]
         if len(keep) < len(self._batch_reqs):
             self._batch_reqs = [self._batch_reqs[i] for i in keep]
-            self._batch = take_rows(self._batch, keep) if keep and self._batch is not None else None
+            self._batch = self._batch.select(keep) if keep and self._batch is not None else None
         if self._joining:
             parts = ([self._batch] if self._batch is not None else []) + [r.cache for r in self._joining]
             self._batch = Cache.stack(parts)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    with Engine.from_dir(model_dir, chunk_size=8) as e:
+    with Engine.from_dir(model_dir, prefill_chunk=8) as e:
         yield e
 
 
@@ -45,13 +45,13 @@ def test_greedy_equals_full_forward_argmax(engine):
     assert len({tuple(engine.generate(p, GREEDY).token_ids) for p in PROMPTS}) == len(PROMPTS)
 
 
-def test_chunked_prefill_chunk_sizes_identical(model_dir, engine):
+def test_chunked_prefill_sizes_identical(model_dir, engine):
     prompt = "def parse(text):\n    for line in text.splitlines():\n        yield line.strip()\n"
     ref = engine.generate(prompt, GREEDY).token_ids
     assert len(engine.encode_prompt(prompt)) > 16
     for cs in (1, 3, 16, 512):
-        with Engine.from_dir(model_dir, chunk_size=cs) as e:
-            assert e.generate(prompt, GREEDY).token_ids == ref, f"chunk_size={cs}"
+        with Engine.from_dir(model_dir, prefill_chunk=cs) as e:
+            assert e.generate(prompt, GREEDY).token_ids == ref, f"prefill_chunk={cs}"
 
 
 def test_batched_equals_solo_with_interleaved_prefill(engine):
@@ -139,8 +139,8 @@ def test_request_validation(engine):
     ]:
         with pytest.raises(SamplingError, match=f"^{field}:"):
             SamplingParams(**kw)
-    with pytest.raises(ValueError, match="chunk_size"):
-        EngineConfig(chunk_size=0)
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        EngineConfig(prefill_chunk=0)
     with pytest.raises(ValueError, match="max_context"):
         EngineConfig(max_context=1)
 

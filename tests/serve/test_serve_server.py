@@ -23,7 +23,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    engine = Engine.from_dir(model_dir, chunk_size=16)
+    engine = Engine.from_dir(model_dir, prefill_chunk=16)
     app = create_app(engine, model_name="tiny", api_key=KEY, max_body_bytes=MAX_BODY)
     srv, th, port = serve_in_thread(app)
     yield engine, f"http://127.0.0.1:{port}"

@@ -1,9 +1,10 @@
-"""Cache memory for serving: a byte budget accounted in blocks, and row surgery on batched caches.
+"""Cache memory for serving: what a request costs (``CacheSpec``) and a byte budget in blocks.
 
-Per request the model keeps a fixed-size part (every KDA layer's recurrent state + conv tail, the
-same at 10 tokens or 1M) and a part that grows by ``d_c`` numbers per token per MLA layer. The
-``CacheBudget`` reserves, at admission, the fixed part plus enough ``block_size``-token blocks of MLA
-latents for the request's whole life (prompt + ``max_tokens``), so a running request never runs out
+Per request the model keeps a fixed-size part (e.g. every KDA layer's recurrent state + conv tail,
+the same at 10 tokens or 1M) and a part that grows per token (e.g. ``d_c`` numbers per MLA layer);
+each layer's state reports its own share (``LayerState.spec``). The
+``CacheBudget`` reserves, at admission, the fixed part plus enough ``block_size``-token blocks of
+per-token state for the request's whole life (prompt + ``max_tokens``), so a running request never runs out
 and nothing needs preempting; a request that cannot fit even alone is rejected, one that cannot fit
 now waits. Physically the latents live in the ``Cache`` tensors (grown by doubling); the blocks are
 the unit of accounting, and ``Cache.nbytes()`` reports what is actually live.
@@ -14,9 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
-from longmoe.cache import Cache, KDAState, LayerState, MLAState
+from longmoe.model import LongMoE
 
 DEFAULT_BLOCK_SIZE = 16
 
@@ -27,21 +26,16 @@ class CacheBudgetError(ValueError):
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """Bytes per request: ``fixed`` (KDA states + conv tails) and ``per_token`` (MLA latents)."""
+    """Bytes per request: ``fixed`` (e.g. KDA states + conv tails) and ``per_token`` (e.g. MLA latents)."""
 
     fixed: int
     per_token: int
 
     @staticmethod
-    def of(model: torch.nn.Module) -> CacheSpec:
-        c = model.new_cache(1)  # type: ignore[operator]
-        fixed = per_token = 0
-        for st in c.layers:
-            if isinstance(st, KDAState):
-                fixed += sum(t.numel() * t.element_size() for t in st.tensors())
-            else:
-                per_token += st.buf.shape[2] * st.buf.element_size()
-        return CacheSpec(fixed, per_token)
+    def of(model: LongMoE) -> CacheSpec:
+        """Sum of what each layer's state reports for one row."""
+        s = model.new_cache(1).spec()
+        return CacheSpec(s.fixed, s.per_token)
 
     def bytes_for(self, n_tokens: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
         blocks = math.ceil(n_tokens / block_size)
@@ -89,17 +83,3 @@ class CacheBudget:
 
     def release(self, rid: int) -> None:
         self.reserved.pop(rid, None)
-
-
-def take_rows(cache: Cache, rows: list[int]) -> Cache:
-    """A new cache with only ``rows`` of ``cache`` (MLA latents trimmed to the longest kept row)."""
-    idx = torch.tensor(rows, dtype=torch.long, device=cache.seq_lens.device)
-    seq_lens = cache.seq_lens.index_select(0, idx)
-    n = int(seq_lens.max()) if len(rows) else 0
-    layers: list[LayerState] = []
-    for st in cache.layers:
-        if isinstance(st, KDAState):
-            layers.append(KDAState(st.state.index_select(0, idx), st.conv.index_select(0, idx)))
-        else:
-            layers.append(MLAState(st.buf[:, :n].index_select(0, idx)))
-    return Cache(layers, seq_lens)
