@@ -36,6 +36,7 @@ import torch
 
 from longmoe.cache import Cache
 from longmoe.serve.budget import CacheBudget, CacheBudgetError, CacheSpec
+from longmoe.serve.detok import IncrementalDetokenizer
 from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice, sample
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ class _Request:
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
+    detok: IncrementalDetokenizer | None = None
     text: str = ""
     sent: int = 0  # characters of ``text`` already emitted
     finish: str | None = None
@@ -272,6 +274,7 @@ class Engine:
             and not (params.logprobs or params.top_logprobs)
         )
         req.sampler = SamplerState(params, ids, self.vocab_size, self.device)
+        req.detok = IncrementalDetokenizer(self.tokenizer)
         with self._cv:
             if self._closed:
                 raise RuntimeError("engine is closed")
@@ -489,7 +492,11 @@ class Engine:
 
     # ------------------------------------------------------------------ per-token bookkeeping
     def _accept(self, r: _Request, choice: TokenChoice) -> None:
-        """Record a token, apply stop conditions, emit the safe text delta (and the result if done)."""
+        """Record a token, apply stop conditions, emit the safe text delta (and the result if done).
+
+        Per token the work is bounded, not proportional to the output so far: the detokeniser decodes
+        a small window of recent ids, and stop strings are searched only where a new match can be.
+        """
         p = r.params
         tok = choice.token
         r.out.append(tok)
@@ -497,23 +504,19 @@ class Engine:
             r.lps.append(choice.logprob)
         if choice.top is not None:
             r.tops.append(choice.top)
-        reason = None
-        if tok in r.stop_ids:
-            reason = "stop"
-        else:
-            prev = len(r.text)
-            text = self.tokenizer.decode([t for t in r.out if t not in r.stop_ids], skip_special_tokens=True)
-            if p.stop:
-                start = max(0, prev - max(len(s) for s in p.stop) - 4)
-                hits = [i for i in (text.find(s, start) for s in p.stop) if i >= 0]
-                if hits:
-                    text, reason = text[: min(hits)], "stop"
-            r.text = text
-        if reason is None and (
-            len(r.out) >= p.max_tokens or len(r.prompt_ids) + len(r.out) >= self.max_context
-        ):
+        assert r.detok is not None
+        length = len(r.out) >= p.max_tokens or len(r.prompt_ids) + len(r.out) >= self.max_context
+        reason = "stop" if tok in r.stop_ids else None
+        new = "" if reason else r.detok.step(tok)
+        if reason or length:  # the last token: the text is complete, incomplete characters included
+            new += r.detok.flush()
+        if new:
+            r.text += new
+            if p.stop and (cut := _find_stop(r.text, p.stop, len(new))) is not None:
+                r.text, reason = r.text[:cut], "stop"
+        if reason is None and length:
             reason = "length"
-        end = len(r.text) if reason else _safe_end(r.text, p.stop)
+        end = len(r.text) if reason else _safe_end(r.text, p.stop, r.sent)
         delta = r.text[r.sent : end] if end > r.sent else ""
         r.sent = max(r.sent, end)
         lp = [choice.logprob] if choice.logprob is not None else None
@@ -562,14 +565,25 @@ class Engine:
         self.cache_bytes_in_use = 0
 
 
-def _safe_end(text: str, stops: list[str]) -> int:
-    """How much of ``text`` can be shown: not a trailing partial UTF-8 character (``\\ufffd``) nor a
-    suffix that could still grow into a stop string."""
-    end = len(text.rstrip("\ufffd"))
+def _find_stop(text: str, stops: list[str], n_new: int) -> int | None:
+    """Where the earliest stop string in ``text`` starts, given that the text before its last
+    ``n_new`` characters held none: only a match ending in the new text is possible, so only the last
+    ``n_new + max_stop_len - 1`` characters are searched."""
+    start = max(0, len(text) - n_new - max(len(s) for s in stops) + 1)
+    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _safe_end(text: str, stops: list[str], sent: int) -> int:
+    """How much of ``text`` can be shown: not a suffix that could still grow into a stop string.
+
+    The held suffix is at most ``len(stop) - 1`` characters and never reaches back before ``sent``
+    (text already shown), so the work is bounded by the stop strings' lengths, not the text's."""
+    end = len(text)
     hold = 0
     for s in stops:
-        for k in range(min(len(s) - 1, end), 0, -1):
-            if text[:end].endswith(s[:k]):
-                hold = max(hold, k)
+        for k in range(min(len(s) - 1, end - sent), hold, -1):
+            if text.endswith(s[:k]):
+                hold = k
                 break
     return end - hold

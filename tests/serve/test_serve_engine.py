@@ -10,7 +10,8 @@ import pytest
 import torch
 from serveutil import MAX_CONTEXT, VOCAB
 
-from longmoe.serve.engine import Engine, EngineConfig, EngineError
+from longmoe.serve.detok import CONTEXT_TOKENS, MAX_WINDOW
+from longmoe.serve.engine import Engine, EngineConfig, EngineError, _find_stop, _safe_end
 from longmoe.serve.sampling import SamplerState, SamplingError, SamplingParams, process_logits
 
 PROMPTS = ["import os", "class Foo(object):\n    def", "x = [1, 2, 3]\nfor", "def main(argv):\n    return"]
@@ -93,6 +94,70 @@ def test_stop_strings_cut_and_stream_concatenates(engine):
     assert c.text == text[: text.find(stop)]
     assert stop not in c.text
     assert "".join(engine.stream(PROMPTS[1], p)) == c.text
+
+
+def test_stop_string_spanning_token_boundaries(engine):
+    """A stop string made of the end of one token's text and the start of the next one's, among many
+    long stop strings that never match: cut at the match, the stream concatenates to the result."""
+    tok = engine.tokenizer
+    full = engine.generate(PROMPTS[2], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    ids, text = full.token_ids, full.text
+    ends = [len(tok.decode(ids[: j + 1], skip_special_tokens=True)) for j in range(len(ids))]
+    spans = [
+        (a, b)
+        for a, b in zip(ends, ends[1:], strict=False)
+        if 0 < a < b and "\ufffd" not in text[a - 1 : b] and text[a - 1 : b].isprintable()
+    ]
+    assert spans, f"need two adjacent printable tokens in {text!r}"
+    a, b = spans[len(spans) // 2]
+    stop = text[a - 1 : b]  # last character of one token + all of the next
+    others = [f"never-{i}-" + "z" * 300 for i in range(15)]
+    p = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop=[*others, stop])
+    c = engine.generate(PROMPTS[2], p)
+    assert c.finish_reason == "stop" and c.text == text[: text.find(stop)]
+    deltas = list(engine.stream(PROMPTS[2], p))
+    assert "".join(deltas) == c.text
+
+
+def test_stop_helpers_hold_back_and_search_only_the_tail():
+    assert _safe_end("hello wor", ["world"], 0) == len("hello ")
+    assert _safe_end("hello wor", ["world", "or"], 0) == len("hello ")
+    assert _safe_end("abcab", ["abx"], 3) == 3  # the held "ab" starts where the shown text ends
+    assert _safe_end("abc", [], 0) == 3
+    assert _find_stop("xxSTOP", ["STOP"], 2) == 2  # a match ending in the new text
+    assert _find_stop("xxSTOP", ["TO", "OP"], 1) == 4  # only matches ending in the new character
+    old = "STOP" + "x" * 1000 + "y"  # a match far back is outside the searched tail
+    assert _find_stop(old, ["STOP"], 1) is None
+
+
+class CountingTokenizer:
+    """The engine's tokenizer, recording how many ids each ``decode`` call gets."""
+
+    def __init__(self, tok) -> None:
+        self._tok, self.calls = tok, []
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def decode(self, ids, skip_special_tokens=False):
+        self.calls.append(len(ids))
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def test_detokenising_work_per_token_does_not_grow(engine):
+    """Deterministic, not timed: ids decoded per generated token stay bounded as the output grows
+    (re-decoding the whole output would hand decode ~n ids at token n)."""
+    ct = CountingTokenizer(engine.tokenizer)
+    with Engine(engine.model, ct, EngineConfig(prefill_chunk=64)) as e:  # type: ignore[arg-type]
+        per_token = []
+        for n in (20, 300):
+            ct.calls.clear()
+            c = e.generate(PROMPTS[0], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+            assert c.completion_tokens == n
+            assert c.text == engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            assert max(ct.calls) <= CONTEXT_TOKENS + MAX_WINDOW + 1
+            per_token.append(sum(ct.calls) / n)
+    assert per_token[1] <= 2 * per_token[0] + 1
 
 
 def test_stop_token_ids_and_eos(engine):
