@@ -11,6 +11,7 @@ import sys
 
 from longmoe.serve.cli_generate import add_engine_arguments, add_sampling_arguments, engine_from_args
 from longmoe.serve.cli_generate import params_from_args as _params
+from longmoe.serve.engine import EngineError
 from longmoe.serve.sampling import SamplingError
 
 
@@ -21,8 +22,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from longmoe.serve.engine import EngineError
-
     try:
         params = _params(args)
         engine = engine_from_args(args)

@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 
+from longmoe.serve.engine import Engine, EngineError
 from longmoe.serve.sampling import SamplingError, SamplingParams
 
 
@@ -24,9 +25,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def engine_from_args(args: argparse.Namespace):
-    from longmoe.serve.engine import Engine
-
+def engine_from_args(args: argparse.Namespace) -> Engine:
     return Engine.from_dir(
         args.model,
         device=args.device,
@@ -47,7 +46,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser, max_tokens: int = 128) ->
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
-def params_from_args(args: argparse.Namespace, **extra) -> SamplingParams:
+def params_from_args(args: argparse.Namespace, **extra: object) -> SamplingParams:
     return SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -70,8 +69,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from longmoe.serve.engine import EngineError
-
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
         params = params_from_args(args, ignore_eos=args.ignore_eos)

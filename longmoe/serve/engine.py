@@ -35,6 +35,8 @@ from pathlib import Path
 import torch
 
 from longmoe.cache import Cache
+from longmoe.data.tokenizer import Tokenizer
+from longmoe.model import LongMoE
 from longmoe.serve.budget import CacheBudget, CacheBudgetError, CacheSpec
 from longmoe.serve.detok import IncrementalDetokenizer
 from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice, sample
@@ -155,7 +157,7 @@ class RequestHandle:
 class Engine:
     """Continuous-batching generation over a ``LongMoE`` model (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, config: EngineConfig | None = None) -> None:
+    def __init__(self, model: LongMoE, tokenizer: Tokenizer, config: EngineConfig | None = None) -> None:
         self.cfg = config or EngineConfig()
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -441,7 +443,7 @@ class Engine:
         if len(group) == 1:
             logits = self.model(x, cache=group[0].cache).logits[:, -1]  # [1, V]
         else:
-            cache = Cache.stack([r.cache for r in group])  # type: ignore[misc]
+            cache = Cache.stack([r.cache for r in group if r.cache is not None])
             logits = self.model(x, cache=cache).logits[:, -1]  # [k, V]
             for r, c in zip(group, cache.split(), strict=True):
                 r.cache = c
