@@ -537,6 +537,9 @@ class Engine:
         error: str | None = None,
     ) -> None:
         r.finish = reason
+        if r.detok is not None and reason in ("cancelled", "error"):
+            r.text += r.detok.flush()  # as decoded so far, a trailing incomplete character included
+        r.detok = None
         self.budget.release(r.id)
         self.finished[reason] += 1
         want_lp = r.params.logprobs or r.params.top_logprobs
