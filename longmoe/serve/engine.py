@@ -29,7 +29,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -39,21 +39,14 @@ from longmoe.data.tokenizer import Tokenizer
 from longmoe.model import LongMoE
 from longmoe.serve.budget import CacheBudget, CacheBudgetError, CacheSpec
 from longmoe.serve.detok import IncrementalDetokenizer
+from longmoe.serve.request import FINISH_REASONS, Completion, EngineError, Event, Request
 from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice, sample
+from longmoe.serve.stops import find_stop, safe_end
 
 log = logging.getLogger(__name__)
 
-FINISH_REASONS = ("stop", "length", "cancelled", "error")
 _TPS_WINDOW_S = 10.0
 _MIN_PREFILL_ROW = 16  # fewest prompt tokens per row when prefill chunks are shared by several requests
-
-
-class EngineError(ValueError):
-    """A request the engine cannot take; ``param`` names the offending field."""
-
-    def __init__(self, param: str, message: str, status: int = 400) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param, self.status = param, status
 
 
 @dataclass
@@ -81,54 +74,10 @@ class EngineConfig:
             raise ValueError(f"max_context: expected None or an integer >= 2, got {v!r}")
 
 
-@dataclass
-class Completion:
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # one of FINISH_REASONS
-    logprobs: list[float] | None
-    prompt_tokens: int
-    completion_tokens: int
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-    error: str | None = None
-
-
-@dataclass
-class Event:
-    """What a request emits after each of its tokens: a text delta, and ``done`` on the last one."""
-
-    delta: str
-    token_ids: list[int]
-    logprobs: list[float] | None = None
-    done: Completion | None = None
-
-
-@dataclass
-class _Request:
-    id: int
-    prompt_ids: list[int]
-    params: SamplingParams
-    sink: Callable[[Event], None]
-    sampler: SamplerState | None = None
-    stop_ids: frozenset[int] = frozenset()
-    plain_greedy: bool = False  # argmax of raw logits suffices (batched fast path)
-    cache: Cache | None = None  # own single-row cache while prefilling
-    n_fed: int = 0
-    out: list[int] = field(default_factory=list)
-    lps: list[float] = field(default_factory=list)
-    tops: list[list[tuple[int, float]]] = field(default_factory=list)
-    detok: IncrementalDetokenizer | None = None
-    text: str = ""
-    sent: int = 0  # characters of ``text`` already emitted
-    finish: str | None = None
-    cancelled: bool = False
-    submitted_at: float = field(default_factory=time.monotonic)
-
-
 class RequestHandle:
     """A submitted request: iterate its events, wait for the result, or cancel it."""
 
-    def __init__(self, engine: Engine, req: _Request, q: queue.Queue | None) -> None:
+    def __init__(self, engine: Engine, req: Request, q: queue.Queue | None) -> None:
         self._engine, self._req, self._q = engine, req, q
         self.id, self.prompt_tokens = req.id, len(req.prompt_ids)
         self.completion: Completion | None = None
@@ -170,11 +119,11 @@ class Engine:
         self.spec = CacheSpec.of(model)
         self.budget = CacheBudget(self.spec, self.cfg.cache_budget_bytes, self.cfg.block_size)
         self._cv = threading.Condition()
-        self._incoming: list[_Request] = []
-        self._waiting: deque[_Request] = deque()
-        self._prefilling: list[_Request] = []
-        self._joining: list[_Request] = []
-        self._batch_reqs: list[_Request] = []
+        self._incoming: list[Request] = []
+        self._waiting: deque[Request] = deque()
+        self._prefilling: list[Request] = []
+        self._joining: list[Request] = []
+        self._batch_reqs: list[Request] = []
         self._batch: Cache | None = None
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
@@ -268,7 +217,7 @@ class Engine:
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= {self.tokenizer.eos_id, self.tokenizer.end_id}
-        req = _Request(next(self._ids), ids, params, sink, stop_ids=frozenset(stop_ids))
+        req = Request(next(self._ids), ids, params, sink, stop_ids=frozenset(stop_ids))
         req.plain_greedy = (
             params.greedy
             and params.repetition_penalty == 1.0
@@ -356,7 +305,7 @@ class Engine:
     def _has_work(self) -> bool:
         return bool(self._incoming or self._waiting or self._prefilling or self._joining or self._batch_reqs)
 
-    def _cancel(self, req: _Request) -> None:
+    def _cancel(self, req: Request) -> None:
         with self._cv:
             req.cancelled = True
             self._cancel_pending = True
@@ -473,7 +422,7 @@ class Engine:
             self._accept(r, TokenChoice(fast[i]) if i in fast else self._choose(r, logits[i]))
         return len(self._batch_reqs)
 
-    def _choose(self, r: _Request, logits: torch.Tensor) -> TokenChoice:
+    def _choose(self, r: Request, logits: torch.Tensor) -> TokenChoice:
         if r.plain_greedy:
             return TokenChoice(int(torch.argmax(logits)))
         assert r.sampler is not None
@@ -493,7 +442,7 @@ class Engine:
             self._joining = []
 
     # ------------------------------------------------------------------ per-token bookkeeping
-    def _accept(self, r: _Request, choice: TokenChoice) -> None:
+    def _accept(self, r: Request, choice: TokenChoice) -> None:
         """Record a token, apply stop conditions, emit the safe text delta (and the result if done).
 
         Per token the work is bounded, not proportional to the output so far: the detokeniser decodes
@@ -514,11 +463,11 @@ class Engine:
             new += r.detok.flush()
         if new:
             r.text += new
-            if p.stop and (cut := _find_stop(r.text, p.stop, len(new))) is not None:
+            if p.stop and (cut := find_stop(r.text, p.stop, len(new))) is not None:
                 r.text, reason = r.text[:cut], "stop"
         if reason is None and length:
             reason = "length"
-        end = len(r.text) if reason else _safe_end(r.text, p.stop, r.sent)
+        end = len(r.text) if reason else safe_end(r.text, p.stop, r.sent)
         delta = r.text[r.sent : end] if end > r.sent else ""
         r.sent = max(r.sent, end)
         lp = [choice.logprob] if choice.logprob is not None else None
@@ -529,7 +478,7 @@ class Engine:
 
     def _finish(
         self,
-        r: _Request,
+        r: Request,
         reason: str,
         delta: str = "",
         new: list[int] | None = None,
@@ -568,27 +517,3 @@ class Engine:
         self._waiting.clear()
         self._prefilling, self._joining, self._batch_reqs, self._batch = [], [], [], None
         self.cache_bytes_in_use = 0
-
-
-def _find_stop(text: str, stops: list[str], n_new: int) -> int | None:
-    """Where the earliest stop string in ``text`` starts, given that the text before its last
-    ``n_new`` characters held none: only a match ending in the new text is possible, so only the last
-    ``n_new + max_stop_len - 1`` characters are searched."""
-    start = max(0, len(text) - n_new - max(len(s) for s in stops) + 1)
-    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
-    return min(hits) if hits else None
-
-
-def _safe_end(text: str, stops: list[str], sent: int) -> int:
-    """How much of ``text`` can be shown: not a suffix that could still grow into a stop string.
-
-    The held suffix is at most ``len(stop) - 1`` characters and never reaches back before ``sent``
-    (text already shown), so the work is bounded by the stop strings' lengths, not the text's."""
-    end = len(text)
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, end - sent), hold, -1):
-            if text.endswith(s[:k]):
-                hold = k
-                break
-    return end - hold

@@ -11,7 +11,7 @@ import torch
 from serveutil import MAX_CONTEXT, VOCAB
 
 from longmoe.serve.detok import CONTEXT_TOKENS, MAX_WINDOW
-from longmoe.serve.engine import Engine, EngineConfig, EngineError, _find_stop, _safe_end
+from longmoe.serve.engine import Engine, EngineConfig, EngineError
 from longmoe.serve.sampling import SamplerState, SamplingError, SamplingParams, process_logits
 
 PROMPTS = ["import os", "class Foo(object):\n    def", "x = [1, 2, 3]\nfor", "def main(argv):\n    return"]
@@ -117,17 +117,6 @@ def test_stop_string_spanning_token_boundaries(engine):
     assert c.finish_reason == "stop" and c.text == text[: text.find(stop)]
     deltas = list(engine.stream(PROMPTS[2], p))
     assert "".join(deltas) == c.text
-
-
-def test_stop_helpers_hold_back_and_search_only_the_tail():
-    assert _safe_end("hello wor", ["world"], 0) == len("hello ")
-    assert _safe_end("hello wor", ["world", "or"], 0) == len("hello ")
-    assert _safe_end("abcab", ["abx"], 3) == 3  # the held "ab" starts where the shown text ends
-    assert _safe_end("abc", [], 0) == 3
-    assert _find_stop("xxSTOP", ["STOP"], 2) == 2  # a match ending in the new text
-    assert _find_stop("xxSTOP", ["TO", "OP"], 1) == 4  # only matches ending in the new character
-    old = "STOP" + "x" * 1000 + "y"  # a match far back is outside the searched tail
-    assert _find_stop(old, ["STOP"], 1) is None
 
 
 class CountingTokenizer:
