@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from longmoe.cache import Cache, Packing
-from longmoe.config import ConfigError, ModelConfig
+from longmoe.config import IGNORE_INDEX, ConfigError, ModelConfig
 from longmoe.layers.attnres import BlockAttnRes, block_of_layers
 from longmoe.layers.ffn import build_ffn
 from longmoe.layers.kda import KDALayer
@@ -32,7 +32,6 @@ from longmoe.layers.norm import RMSNorm
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-IGNORE_INDEX = -100
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 

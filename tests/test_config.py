@@ -1,8 +1,19 @@
 """ModelConfig: validation names the field, JSON round trip, presets construct."""
 
+import re
+from dataclasses import dataclass, field
+
 import pytest
 
-from longmoe.config import ConfigError, FFNConfig, ModelConfig, preset
+from longmoe.config import (
+    ConfigError,
+    FFNConfig,
+    JsonConfig,
+    ModelConfig,
+    check_types,
+    dataclass_from_dict,
+    preset,
+)
 
 
 @pytest.mark.parametrize("name", ["tiny", "small", "flagship"])
@@ -40,3 +51,62 @@ def test_unknown_fields_rejected():
 
 def test_layer_pattern_repeats():
     assert ModelConfig(n_layers=8, layer_pattern="LLLM").layer_types == list("LLLMLLLM")
+
+
+def test_wrong_types_name_the_field_and_the_expected_type():
+    """A string where a float is expected says so (not a bare TypeError from a comparison)."""
+    with pytest.raises(ConfigError, match=r"'g_min' = 'x' is invalid: expected a float"):
+        ModelConfig.from_dict({"g_min": "x"})
+    with pytest.raises(ConfigError, match=r"'ffn.top_k' = '2' is invalid: expected an integer"):
+        ModelConfig.from_dict({"ffn": {"top_k": "2"}})
+    with pytest.raises(ConfigError, match=r"'attn_res' = 1 is invalid: expected a boolean"):
+        ModelConfig(attn_res=1)
+    with pytest.raises(ConfigError, match=r"'d_model' = True is invalid: expected an integer"):
+        ModelConfig(d_model=True)
+    assert ModelConfig(g_min=-4).g_min == -4  # an integer is a valid float
+
+
+def test_load_names_the_file(tmp_path):
+    f = tmp_path / "config.json"
+    f.write_text('{"ffn": {"n_expert": 3}}')
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(f))}: unknown config field.*ffn.n_expert"):
+        ModelConfig.load(f)
+    f.write_text("{not json")
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        ModelConfig.load(f)
+    f.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="must be a JSON object, got list"):
+        ModelConfig.load(f)
+    with pytest.raises(FileNotFoundError, match="config file not found"):
+        ModelConfig.load(tmp_path / "missing.json")
+
+
+@dataclass
+class _Leaf:
+    x: float = 1.0
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Tree(JsonConfig):
+    leaves: list[_Leaf] = field(default_factory=list)
+    best: _Leaf | None = None
+    name: str = "t"
+
+
+def test_dataclass_from_dict_builds_nested_configs_and_round_trips(tmp_path):
+    t = dataclass_from_dict(_Tree, {"leaves": [{"x": 2}, {"tags": ["a"]}], "best": {"x": 0.5}})
+    assert t == _Tree([_Leaf(2), _Leaf(tags=["a"])], _Leaf(0.5))
+    t.save(tmp_path / "t.json")
+    assert _Tree.load(tmp_path / "t.json") == t
+    with pytest.raises(ConfigError, match=r"^f.json: unknown config field\(s\) \['leaves\[1\].y'\]"):
+        dataclass_from_dict(_Tree, {"leaves": [{}, {"y": 1}]}, where="f.json")
+    with pytest.raises(ConfigError, match=r"^unknown config field\(s\) \['best.z'\]"):
+        _Tree.from_dict({"best": {"z": 1}})
+    leaf = _Leaf(x="big")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"'leaf.x' = 'big' is invalid: expected a float"):
+        check_types(leaf, "leaf.")
+    with pytest.raises(
+        ConfigError, match=r"'tags' = \['a', 1\] is invalid: expected a list, each item a string"
+    ):
+        check_types(_Leaf(tags=["a", 1]))  # type: ignore[list-item]

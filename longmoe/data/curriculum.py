@@ -19,7 +19,8 @@ import torch
 
 from longmoe.data.mix import make_mix
 from longmoe.data.packing import Packer, collate
-from longmoe.train.config import CurriculumStage
+from longmoe.data.stages import CurriculumStage
+from longmoe.data.tokenizer import Tokenizer
 
 
 def _mix_key(
@@ -44,7 +45,7 @@ class Curriculum:
     def __init__(
         self,
         stages: list[CurriculumStage],
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         seed: int = 0,
         data: str | Path | None = None,
         split: str = "train",
@@ -132,7 +133,7 @@ class Curriculum:
 
 
 def val_batches(
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     length: int,
     n_windows: int,
     mix: dict[str, float] | None = None,

@@ -4,9 +4,9 @@ Source names used in a curriculum stage's ``mix`` (``{"file": 0.7, "synthetic": 
 
 - ``file``: whole documents (standard-library files, or the user's ``--data`` documents),
 - ``package``: standard-library per-package concatenations (long); with ``--data`` the same as ``file``,
-- ``synthetic`` / ``synthetic:<task>``: documents rendered from the evaluation task generators
-  (``niah``, ``multihop``, ``conflict``, ``recall``), so long windows contain dependencies that need
-  the long context. ``synthetic`` cycles through all tasks.
+- ``synthetic`` / ``synthetic:<task>``: documents rendered from the task generators of
+  ``longmoe.tasks`` (its families: ``niah``, ``multihop``, ``conflict``, ``recall``), so long windows
+  contain dependencies that need the long context. ``synthetic`` cycles through all families.
 
 The mix picks the source of document ``i`` from a hash of ``(seed, i)``: no RNG object to save, so
 the mix position is just ``i`` plus each source's own position.
@@ -21,8 +21,10 @@ from typing import Any
 
 from longmoe.data.corpus import Document, corpus_documents
 from longmoe.data.packing import DocSource, StreamSource
+from longmoe.data.tokenizer import Tokenizer
+from longmoe.tasks import FAMILIES, TooShortError, generate
 
-SYNTHETIC_TASKS = ("niah", "multihop", "conflict", "recall")
+SYNTHETIC_TASKS: tuple[str, ...] = tuple(FAMILIES)  # the task families of the registry
 SYNTHETIC_LOSS = ("all", "answer")  # which tokens of a task document are training targets
 
 
@@ -81,7 +83,7 @@ class MixSource:
 
 
 class SyntheticSource:
-    """Task documents ``context + question + answer`` from ``longmoe.eval.tasks.generate``.
+    """Task documents ``context + question + answer`` from ``longmoe.tasks.generate``.
 
     Document ``i`` uses task ``tasks[i % len(tasks)]``, seed ``seed + i`` and a needle depth drawn from
     ``(seed, i)``, so any position is reproducible without replaying the previous ones. Documents are
@@ -102,7 +104,7 @@ class SyntheticSource:
         tasks: tuple[str, ...],
         length: int,
         seed: int,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         loss: str = "all",
         length_range: tuple[float, float] | None = None,
     ) -> None:
@@ -114,21 +116,11 @@ class SyntheticSource:
                     f"synthetic length_range={length_range} is invalid: expected 0 < lo <= hi < 1"
                 )
             self.length_range = (float(length_range[0]), float(length_range[1]))
-        try:
-            from longmoe.eval import tasks as task_mod
-        except ImportError as e:
-            raise ImportError(
-                "synthetic training documents need longmoe.eval.tasks (the eval task "
-                "generators); remove 'synthetic' from the data mix to train without them"
-            ) from e
-        self._generate = task_mod.generate
         self.tasks, self.length, self.seed, self.tokenizer = tasks, length, seed, tokenizer
         self.loss = loss
         self.i = 0
 
     def next(self) -> Document:
-        from longmoe.eval.tasks.base import TooShortError
-
         task = self.tasks[self.i % len(self.tasks)]
         depth = round(_unit(self.seed + 7919, self.i), 3)
         lo, hi = self.length_range
@@ -138,7 +130,7 @@ class SyntheticSource:
         tries = dict.fromkeys((int(self.length * frac), int(self.length * hi), int(self.length * 0.9)))
         for length in tries:
             try:
-                item = self._generate(
+                item = generate(
                     task, n=1, length=length, seed=self.seed + self.i, tokenizer=self.tokenizer, depth=depth
                 )[0]
                 break
@@ -148,7 +140,7 @@ class SyntheticSource:
             raise err  # type: ignore[misc]
         self.i += 1
         loss_from = len(item.prompt()) if self.loss == "answer" else None
-        return Document(item_text(item), f"synthetic:{task}:{self.seed + self.i - 1}", loss_from)
+        return Document(item.to_text(), f"synthetic:{task}:{self.seed + self.i - 1}", loss_from)
 
     def state(self) -> dict[str, Any]:
         return {"i": self.i}
@@ -157,19 +149,11 @@ class SyntheticSource:
         self.i = int(state["i"])
 
 
-def item_text(item: Any) -> str:
-    """Render a task item as one training document (the answer follows the question)."""
-    if hasattr(item, "to_text"):
-        return item.to_text()
-    answers = item.answers if isinstance(item.answers, (list, tuple)) else [item.answers]
-    return f"{item.context}\n{item.question}\n{', '.join(str(a) for a in answers)}\n"
-
-
 def make_source(
     name: str,
     split: str,
     seed: int,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     data: str | Path | None = None,
     synthetic_length: int = 1024,
     synthetic_loss: str = "all",
@@ -204,7 +188,7 @@ def make_mix(
     mix: dict[str, float],
     split: str,
     seed: int,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     data: str | Path | None = None,
     synthetic_length: int = 1024,
     synthetic_loss: str = "all",

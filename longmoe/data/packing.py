@@ -21,9 +21,8 @@ from typing import Any, Protocol
 
 import torch
 
+from longmoe.config import IGNORE_INDEX
 from longmoe.data.corpus import DataError, Document
-
-IGNORE_INDEX = -100
 
 
 class DocSource(Protocol):

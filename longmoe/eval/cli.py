@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from longmoe.eval.tasks import FAMILIES, TASKS, TaskError, parse_tasks
+from longmoe.tasks import FAMILIES, TASKS, TaskError, parse_tasks
 
 DEFAULT_TASKS = ",".join(FAMILIES)
 

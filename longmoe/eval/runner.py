@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.eval.scoring import METRICS, score
-from longmoe.eval.tasks import TaskError, TaskItem, generate, parse_tasks
+from longmoe.tasks import TaskError, TaskItem, generate, parse_tasks
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_JSON = "summary.json"

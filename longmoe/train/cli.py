@@ -9,9 +9,10 @@ import logging
 import sys
 from pathlib import Path
 
-from longmoe.config import ConfigError, ModelConfig, preset
+from longmoe.config import ConfigError, ModelConfig, load_json, preset
 from longmoe.data.corpus import DataError
-from longmoe.train.config import CurriculumStage, TrainConfig, tiny_curriculum
+from longmoe.data.stages import CurriculumStage, tiny_curriculum
+from longmoe.train.config import TrainConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,9 +72,11 @@ def build_train_config(args: argparse.Namespace) -> TrainConfig:
     if args.train_config is not None:
         if not args.train_config.is_file():
             raise FileNotFoundError(f"--train-config: file not found: {args.train_config}")
-        d = json.loads(args.train_config.read_text())
+        d, where = load_json(args.train_config), str(args.train_config)
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: a train config must be a JSON object, got {type(d).__name__}")
     else:
-        d = {"stages": tiny_curriculum(args.scale, synthetic=not args.no_synthetic)}
+        d, where = {"stages": tiny_curriculum(args.scale, synthetic=not args.no_synthetic)}, None
     for k in OVERRIDES:
         if getattr(args, k) is not None:
             d[k] = getattr(args, k)
@@ -90,7 +93,7 @@ def build_train_config(args: argparse.Namespace) -> TrainConfig:
         d["compile"] = True
     if args.data is not None:
         d["data"] = args.data
-    return TrainConfig.from_dict(d)
+    return TrainConfig.from_dict(d, where=where)
 
 
 def build_model_config(args: argparse.Namespace) -> ModelConfig:

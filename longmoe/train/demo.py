@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from longmoe.config import preset
+from longmoe.config import IGNORE_INDEX, preset
 from longmoe.data.corpus import corpus_texts
+from longmoe.data.stages import tiny_curriculum
 from longmoe.data.tokenizer import Tokenizer
-from longmoe.model import IGNORE_INDEX
-from longmoe.train.config import TrainConfig, tiny_curriculum
+from longmoe.train.config import TrainConfig
 
 
 def unigram_loss(tok: Tokenizer, labels: torch.Tensor, max_chars: int = 5_000_000) -> float:
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.time()
     run_dir: Path = args.run_dir
-    synthetic = importlib.util.find_spec("longmoe.eval.tasks") is not None
+    synthetic = importlib.util.find_spec("longmoe.tasks") is not None
     mcfg = preset("tiny")
     if args.resume and (run_dir / "config.json").exists():
         trainer = Trainer(run_dir, resume=True, progress=not args.no_progress)

@@ -6,8 +6,9 @@ import pytest
 
 from longmoe.config import ConfigError
 from longmoe.data.curriculum import Curriculum
+from longmoe.data.stages import CurriculumStage
 from longmoe.data.tokenizer import tokenizer_for_tests
-from longmoe.train.config import CurriculumStage, TrainConfig
+from longmoe.train.config import TrainConfig
 
 
 def _stages() -> list[CurriculumStage]:

@@ -12,8 +12,8 @@ from longmoe.config import preset
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.eval.clients import LocalClient
 from longmoe.eval.ppl import position_losses, ppl_by_position
-from longmoe.eval.tasks import generate
 from longmoe.model import LongMoE
+from longmoe.tasks import generate
 
 WINDOW = 512
 

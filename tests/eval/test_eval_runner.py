@@ -13,7 +13,7 @@ from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.eval import runner
 from longmoe.eval.clients import ClientError, EndpointClient, Reply
 from longmoe.eval.plots import plot_run
-from longmoe.eval.tasks import TaskError
+from longmoe.tasks import TaskError
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -11,7 +12,8 @@ from trainutil import small_train_config
 
 from longmoe.config import ConfigError
 from longmoe.data.corpus import DataError
-from longmoe.train.config import CurriculumStage, TrainConfig
+from longmoe.data.stages import CurriculumStage
+from longmoe.train.config import TrainConfig
 from longmoe.train.plots import read_metrics, render
 from longmoe.train.pretrain import Trainer, lr_at, param_groups
 
@@ -224,3 +226,23 @@ def test_cli_synthetic_loss_sets_every_stage(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"stages\[0\].synthetic_loss"):
         build_train_config(p.parse_args(["--train-config", str(f)]))
+
+
+def test_train_config_type_errors_name_file_field_and_type(tmp_path):
+    """A wrong type in train_config.json is reported with the file, the field and the expected type."""
+    f = tmp_path / "train_config.json"
+    TrainConfig(stages=[CurriculumStage("a", window=64, tokens=256)]).save(f)
+    d = json.loads(f.read_text())
+    f.write_text(json.dumps({**d, "lr": "fast"}))
+    with pytest.raises(
+        ConfigError, match=rf"^{re.escape(str(f))}: config field 'lr' = 'fast' .*expected a float"
+    ):
+        TrainConfig.load(f)
+    d["stages"][0]["window"] = "64"
+    f.write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match=r"'stages\[0\].window' = '64' is invalid: expected an integer"):
+        TrainConfig.load(f)
+    d["stages"][0] = {"name": "a", "window": 64, "tokens": 256, "windows": 2}
+    f.write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match=r"unknown config field\(s\) \['stages\[0\].windows'\]"):
+        TrainConfig.load(f)

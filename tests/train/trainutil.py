@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from longmoe.config import FFNConfig, preset
-from longmoe.train.config import CurriculumStage, TrainConfig
+from longmoe.data.stages import CurriculumStage
+from longmoe.train.config import TrainConfig
 
 
 def small_model_config():

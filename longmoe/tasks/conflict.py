@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from longmoe.eval.tasks.base import PLACES, SHORT_LENGTH, Spec, distinct, number
+from longmoe.tasks.base import PLACES, SHORT_LENGTH, Spec, distinct, number
 
 VARIANTS = ("latest", "authority")
 MIN_REPORTS, MAX_REPORTS = 3, 5  # 2-3 when short

@@ -1,20 +1,26 @@
 """Synthetic long-context tasks: ``generate(task, n, length, seed, tokenizer, depth=None)``.
 
-Task names are a family (``niah``, ``multihop``, ``conflict``, ``recall``: items cycle through the
-family's variants) or ``family_variant`` for one variant (``niah_multikey``, ``conflict_authority``,
-...). ``length`` is the prompt length in tokens of ``tokenizer`` (context + question), ``depth`` the
-relative position in [0, 1] of the key needle (None: drawn per item). Items are pure functions of
-their arguments: the same seed gives the same items, and item ``i`` of ``n`` does not depend on ``n``.
+Shared by pretraining data (``longmoe.data.mix``), evaluation (``longmoe.eval``) and, next, RL
+environments, so this package sits below all of them.
+
+``FAMILIES`` is the one registry of task families (name -> module with ``VARIANTS`` and
+``make_spec``); every other list of task names is derived from it. Task names are a family
+(``niah``, ``multihop``, ``conflict``, ``recall``: items cycle through the family's variants) or
+``family_variant`` for one variant (``niah_multikey``, ``conflict_authority``, ...). ``length`` is
+the prompt length in tokens of ``tokenizer`` (context + question), ``depth`` the relative position
+in [0, 1] of the key needle (None: drawn per item). Items are pure functions of their arguments:
+the same seed gives the same items, and item ``i`` of ``n`` does not depend on ``n``.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
 
-from longmoe.eval.tasks import conflict, multihop, niah, recall
-from longmoe.eval.tasks.base import LENGTH_TOL, TaskError, TaskItem, filler_pool, make_item
+from longmoe.data.tokenizer import Tokenizer
+from longmoe.tasks import conflict, multihop, niah, recall
+from longmoe.tasks.base import LENGTH_TOL, TaskError, TaskItem, TooShortError, filler_pool, make_item
 
+# The registry: family name -> module (``VARIANTS``, ``make_spec``)
 FAMILIES: dict[str, ModuleType] = {"niah": niah, "multihop": multihop, "conflict": conflict, "recall": recall}
 
 # Every accepted task name -> (family, variants its items cycle through)
@@ -30,6 +36,7 @@ __all__ = [
     "TASKS",
     "TaskError",
     "TaskItem",
+    "TooShortError",
     "filler_pool",
     "generate",
     "parse_tasks",
@@ -48,7 +55,7 @@ def parse_tasks(spec: str | list[str]) -> list[str]:
 
 
 def generate(
-    task: str, n: int, length: int, seed: int, tokenizer: Any, depth: float | None = None
+    task: str, n: int, length: int, seed: int, tokenizer: Tokenizer, depth: float | None = None
 ) -> list[TaskItem]:
     """``n`` items of ``task``, each a prompt of ``length`` tokens (±2%) with its key fact at ``depth``."""
     if task not in TASKS:

@@ -16,8 +16,12 @@ import functools
 import inspect
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from longmoe.data.corpus import stdlib_files, stdlib_root
+from longmoe.data.tokenizer import Tokenizer
 
 LENGTH_TOL = 0.02  # acceptance: prompt tokens within ±2% of the target
 _FIT_TOL = 0.002  # what the fitting loop aims for (leaves margin for re-tokenisation at the cut)
@@ -118,6 +122,10 @@ class Spec:
     forbidden: list[str] = field(default_factory=list)  # strings that must not occur in the filler
 
 
+# A family's spec function: ``make_spec(rng, variant, depth, length) -> Spec``.
+SpecFn = Callable[[random.Random, str, float, int], Spec]
+
+
 # ---------------------------------------------------------------------- random helpers
 def item_rng(task: str, variant: str, seed: int, index: int, length: int) -> random.Random:
     return random.Random(f"longmoe-task:{task}:{variant}:{seed}:{index}:{length}")
@@ -173,8 +181,6 @@ def _prose_paragraphs(source: str) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def filler_pool() -> tuple[str, ...]:
     """Unique prose paragraphs from the standard library (sorted file order: deterministic)."""
-    from longmoe.data.corpus import stdlib_files, stdlib_root
-
     root, seen, pool, chars = stdlib_root(), set(), [], 0
     for rel in stdlib_files("train"):
         for p in _prose_paragraphs((root / rel).read_text(encoding="utf-8", errors="replace")):
@@ -228,7 +234,7 @@ def _insert(filler: str, needles: list[tuple[float, str]]) -> str:
 
 
 def build_item(
-    spec: Spec, rng: random.Random, length: int, tokenizer: Any, base_meta: dict[str, Any]
+    spec: Spec, rng: random.Random, length: int, tokenizer: Tokenizer, base_meta: dict[str, Any]
 ) -> TaskItem:
     """Fit filler around ``spec``'s needles so that ``prompt()`` is ``length`` tokens (±_FIT_TOL)."""
     count = lambda s: len(tokenizer.encode(s))
@@ -273,14 +279,14 @@ def build_item(
 
 
 def make_item(
-    make_spec: Any,
+    make_spec: SpecFn,
     task: str,
     variant: str,
     seed: int,
     index: int,
     length: int,
     depth: float | None,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
 ) -> TaskItem:
     """Draw a spec whose hidden strings do not occur in the chosen filler, then build the item."""
     rng = item_rng(task, variant, seed, index, length)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from longmoe.eval.tasks.base import PLACES, SHORT_LENGTH, Spec, distinct, key_name, number, var_name
+from longmoe.tasks.base import PLACES, SHORT_LENGTH, Spec, distinct, key_name, number, var_name
 
 VARIANTS = ("chain", "count", "mostfreq")
 MIN_HOPS, MAX_HOPS = 2, 4  # 1-2 when short

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from longmoe.eval.tasks.base import SHORT_LENGTH, Spec, distinct, key_name, number, spread
+from longmoe.tasks.base import SHORT_LENGTH, Spec, distinct, key_name, number, spread
 
 VARIANTS = ("single", "multikey", "multivalue", "multiquery")
 N_DISTRACTORS = 3  # multikey: other keys with their own numbers

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from longmoe.eval.tasks.base import SHORT_LENGTH, Spec, distinct, key_name, number
+from longmoe.tasks.base import SHORT_LENGTH, Spec, distinct, key_name, number
 
 VARIANTS = ("facts",)
 MIN_FACTS, MAX_FACTS = 3, 5  # 2-3 when short

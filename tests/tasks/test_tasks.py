@@ -1,4 +1,5 @@
-"""Task generators: answers really in (and only derivable from) the context, lengths, rules, determinism."""
+"""Task generators (longmoe.tasks): answers really in (and only derivable from) the context, lengths,
+rules, determinism."""
 
 from __future__ import annotations
 
@@ -8,11 +9,8 @@ from collections import Counter
 
 import pytest
 
-from longmoe.data.mix import make_source
 from longmoe.data.tokenizer import tokenizer_for_tests
-from longmoe.eval.tasks import TASKS, TaskError, TaskItem, generate, parse_tasks
-
-FAMILIES = ("niah", "multihop", "conflict", "recall")
+from longmoe.tasks import FAMILIES, TASKS, TaskError, TaskItem, generate, parse_tasks
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +148,14 @@ def test_filler_is_real_varied_text(tok):
     assert Counter(words).most_common(1)[0][1] < 0.1 * len(words)
 
 
+def test_task_names_derive_from_the_family_registry():
+    """TASKS is every family plus one ``family_variant`` name per variant of the FAMILIES registry."""
+    assert list(FAMILIES) == ["niah", "multihop", "conflict", "recall"]
+    expected = {f: (f, m.VARIANTS) for f, m in FAMILIES.items()}
+    expected |= {f"{f}_{v}": (f, (v,)) for f, m in FAMILIES.items() for v in m.VARIANTS}
+    assert expected == TASKS
+
+
 def test_bad_requests_have_clear_errors(tok):
     with pytest.raises(TaskError, match="unknown task 'nope'"):
         generate("nope", 1, 512, 0, tok)
@@ -160,31 +166,3 @@ def test_bad_requests_have_clear_errors(tok):
     with pytest.raises(TaskError, match="unknown task 'x'"):
         parse_tasks("niah,x")
     assert parse_tasks("niah, recall") == ["niah", "recall"]
-
-
-def test_training_mix_renders_synthetic_documents(tok):
-    src = make_source("synthetic", "train", 0, tok, synthetic_length=512)
-    docs = [src.next() for _ in range(4)]
-    assert [d.source.split(":")[1] for d in docs] == list(FAMILIES)
-    for d in docs:
-        assert "\nQuestion: " in d.text and "\nAnswer: " in d.text
-        n = len(tok.encode(d.text)) + 2  # + bos, eos: the whole document fits one packed window
-        assert 0.35 * 512 <= n < 512, n
-
-
-def test_answer_only_training_documents_target_the_answer(tok):
-    """With synthetic_loss="answer" a packed task document's only targets are its answer and eos."""
-    from longmoe.data.packing import IGNORE_INDEX, Packer
-
-    src = make_source("synthetic", "train", 0, tok, synthetic_length=512, synthetic_loss="answer")
-    ref = make_source("synthetic", "train", 0, tok, synthetic_length=512)
-    p = Packer(src, tok.encode, tok.bos_id, tok.eos_id)
-    for _ in range(len(FAMILIES)):
-        doc = ref.next()
-        answer = doc.text.rsplit("\nAnswer:", 1)[1]  # " 4829371\n"
-        head, tail = tok.encode(doc.text[: len(doc.text) - len(answer)]), tok.encode(answer)
-        w = p.next_window(len(head) + len(tail) + 2)  # exactly this one document, bos to eos
-        assert w.input_ids == [tok.bos_id, *head, *tail, tok.eos_id]
-        assert [t for t in w.labels if t != IGNORE_INDEX] == [*tail, tok.eos_id]
-    with pytest.raises(ValueError, match="synthetic loss='x' is invalid"):
-        make_source("synthetic", "train", 0, tok, synthetic_loss="x")
