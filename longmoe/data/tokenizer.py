@@ -18,6 +18,10 @@ from typing import Any
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from longmoe.data.corpus import stdlib_documents
+
+TOKENIZER_FILE = "tokenizer.json"  # the tokenizer's file in a model directory
+
 # Order fixes the ids: pad=0, bos=1, eos=2 (document boundary), ...
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|pad|>",
@@ -101,7 +105,7 @@ class Tokenizer:
     def from_file(cls, path: str | Path) -> Tokenizer:
         p = Path(path)
         if p.is_dir():
-            p = p / "tokenizer.json"
+            p = p / TOKENIZER_FILE
         if not p.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {p}")
         return cls(_HFTokenizer.from_file(str(p)))
@@ -110,7 +114,7 @@ class Tokenizer:
         """Write ``tokenizer.json`` (``path`` may be the file or its directory)."""
         p = Path(path)
         if p.suffix != ".json":
-            p = p / "tokenizer.json"
+            p = p / TOKENIZER_FILE
         p.parent.mkdir(parents=True, exist_ok=True)
         self._tok.save(str(p))
         return p
@@ -177,7 +181,5 @@ class Tokenizer:
 @functools.lru_cache(maxsize=4)
 def tokenizer_for_tests(vocab_size: int = 512, n_docs: int = 60) -> Tokenizer:
     """A small tokenizer trained once per process on a slice of the standard-library corpus (~1 s)."""
-    from longmoe.data.corpus import stdlib_documents
-
     texts = (d.text for d in itertools.islice(stdlib_documents("train", "file"), n_docs))
     return Tokenizer.train(texts, vocab_size=vocab_size)

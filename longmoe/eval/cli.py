@@ -17,8 +17,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
+import torch
+
+from longmoe.checkpoint import TOKENIZER_FILE, load_model
+from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
+from longmoe.eval import runner
+from longmoe.eval.clients import ClientError, EndpointClient, LocalClient
+from longmoe.eval.plots import plot_run
+from longmoe.eval.ppl import markdown_ppl, ppl_by_position
 from longmoe.tasks import FAMILIES, TASKS, TaskError, parse_tasks
 
 DEFAULT_TASKS = ",".join(FAMILIES)
@@ -92,27 +99,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def training_window(model_dir: Path, cfg: Any) -> int:
-    """Largest curriculum window of the run that produced ``model_dir`` (else ``cfg.max_seq_len``)."""
-    for d in [model_dir, *list(model_dir.parents)[:3]]:
-        f = d / "train_config.json"
-        if f.is_file():
-            stages = json.loads(f.read_text()).get("stages") or []
-            wins = [int(s["window"]) for s in stages if isinstance(s, dict) and "window" in s]
-            if wins:
-                return max(wins)
-    return int(cfg.max_seq_len)
-
-
 def _error(msg: str) -> int:
     print(f"longmoe eval: error: {msg}", file=sys.stderr)
     return 2
 
 
 def run(args: argparse.Namespace) -> int:
-    from longmoe.eval import runner
-    from longmoe.eval.clients import ClientError, EndpointClient, LocalClient
-
     if (args.model is None) == (args.endpoint is None):
         return _error("give exactly one of --model DIR or --endpoint URL")
     if args.ppl_by_position and args.model is None:
@@ -177,39 +169,30 @@ def run(args: argparse.Namespace) -> int:
     if args.ppl_by_position:
         _run_ppl(args)
     if not args.no_plots:
-        from longmoe.eval.plots import plot_run
-
         for p in plot_run(args.out):
             print(f"wrote {p}")
     print(f"results in {args.out}")
     return 0
 
 
-def _endpoint_tokenizer(path: Path | None) -> Any:
-    from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
-
+def _endpoint_tokenizer(path: Path | None) -> Tokenizer:
     if path is None:
         print(
             "note: task lengths are counted with longmoe's standard-library BPE (give --tokenizer to change)"
         )
         return tokenizer_for_tests(2048)
     if path.is_dir():
-        path = path / "tokenizer.json"
+        path = path / TOKENIZER_FILE
     if not path.is_file():
         raise FileNotFoundError(f"--tokenizer: file not found: {path}")
     return Tokenizer.from_file(path)
 
 
 def _run_ppl(args: argparse.Namespace) -> None:
-    import torch
-
-    from longmoe.eval.clients import load_model_dir
-    from longmoe.eval.ppl import markdown_ppl, ppl_by_position
-    from longmoe.eval.runner import parse_lengths
-
-    model, tok, d = load_model_dir(args.model, args.device)
-    window = args.ppl_window or training_window(d, model.cfg)
-    max_len = parse_lengths(args.ppl_max_len)[0] if args.ppl_max_len else 4 * window
+    model, tok, meta = load_model(args.model, args.device)
+    d = meta.model_dir
+    window = args.ppl_window or meta.training_window
+    max_len = runner.parse_lengths(args.ppl_max_len)[0] if args.ppl_max_len else 4 * window
     print(f"ppl by position: {d}, window {window}, {args.ppl_docs} documents of {max_len} tokens")
     with torch.no_grad():
         res = ppl_by_position(

@@ -5,7 +5,7 @@ stopping at the first newline after the answer: the task prompts end in ``Answer
 is one line. ``Reply.prompt_tokens`` is the prompt length the backend itself counted (None when it
 does not say), so lengths can be checked against a foreign tokenizer.
 
-- ``LocalClient``: a model directory (or a training run: see ``resolve_model_dir``) served by
+- ``LocalClient``: a model directory (or a training run: see ``longmoe.checkpoint``) served by
   ``longmoe.serve.engine.Engine`` with its context limit raised past ``max_seq_len`` (chunked
   prefill into the cache, so long prompts fit).
 - ``EndpointClient``: ``POST {url}/v1/completions`` (``prompt``) or ``/v1/chat/completions``
@@ -18,6 +18,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
+
+from longmoe.data.tokenizer import Tokenizer
+from longmoe.serve.engine import Engine
+from longmoe.serve.sampling import SamplingParams
 
 PREFILL_CHUNK = 2048  # tokens per prefill call: bounds activation memory for long prompts
 LOCAL_MAX_CONTEXT = 1 << 20  # prompt + answer tokens a local model may be asked (no positional limit)
@@ -35,20 +41,6 @@ class Reply:
     completion_tokens: int | None = None
 
 
-def load_model_dir(path: str | Path, device: str = "cpu") -> tuple[Any, Any, Path]:
-    """``(LongMoE, Tokenizer, model_dir)`` from a model directory or a training run directory."""
-    from longmoe.data.tokenizer import Tokenizer
-    from longmoe.model import LongMoE
-    from longmoe.train.checkpoint import resolve_model_dir
-
-    d = resolve_model_dir(path)
-    tok_file = d / "tokenizer.json"
-    if not tok_file.is_file():
-        raise FileNotFoundError(f"model directory {d} has no tokenizer.json")
-    model = LongMoE.from_pretrained(d, device=device).eval()
-    return model, Tokenizer.from_file(tok_file), d
-
-
 class LocalClient:
     """A local model directory (or training run), served by the engine with batched greedy decoding.
 
@@ -58,22 +50,18 @@ class LocalClient:
     """
 
     def __init__(self, path: str | Path, device: str = "cpu", max_context: int = LOCAL_MAX_CONTEXT) -> None:
-        from longmoe.serve.engine import Engine
-        from longmoe.serve.sampling import SamplingParams
-
         self.name = str(path)
         self.engine = Engine.from_dir(
             path, device=device, max_context=max_context, prefill_chunk=PREFILL_CHUNK
         )
-        self._params = SamplingParams
-        self.tokenizer = self.engine.tokenizer
+        self.tokenizer: Tokenizer = self.engine.tokenizer
 
     def complete(self, prompt: str, max_tokens: int) -> Reply:
         return self.complete_batch([prompt], [max_tokens])[0]
 
     def complete_batch(self, prompts: list[str], max_tokens: list[int]) -> list[Reply]:
         """All prompts share the engine's batched decode (greedy, ``stop=["\\n"]``)."""
-        params = [self._params(max_tokens=m, temperature=0.0, stop=["\n"]) for m in max_tokens]
+        params = [SamplingParams(max_tokens=m, temperature=0.0, stop=["\n"]) for m in max_tokens]
         replies = []
         for c in self.engine.generate_batch(prompts, params):
             if c.finish_reason == "error":
@@ -98,8 +86,6 @@ class EndpointClient:
         retries: int = 3,
         backoff: float = 0.5,
     ) -> None:
-        import httpx
-
         if mode not in API_MODES:
             raise ClientError(f"api mode {mode!r} is invalid: expected one of {API_MODES}")
         if not url.startswith(("http://", "https://")):
@@ -128,8 +114,6 @@ class EndpointClient:
         return p
 
     def complete(self, prompt: str, max_tokens: int) -> Reply:
-        import httpx
-
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             try:
@@ -144,7 +128,7 @@ class EndpointClient:
                 time.sleep(min(8.0, self.backoff * 2**attempt))
         raise ClientError(f"{self.url} failed after {self.retries + 1} tries: {last}")
 
-    def _parse(self, r: Any) -> Reply:
+    def _parse(self, r: httpx.Response) -> Reply:
         if r.status_code != 200:
             raise ClientError(f"{self.url} answered HTTP {r.status_code}: {r.text[:300]}")
         try:

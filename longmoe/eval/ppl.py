@@ -17,11 +17,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from longmoe.data.corpus import corpus_documents
+from longmoe.data.tokenizer import Tokenizer
+from longmoe.model import LongMoE
+
 DEFAULT_CHUNK = 1024
 
 
 @torch.no_grad()
-def position_losses(model: Any, ids: list[int], chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+def position_losses(model: LongMoE, ids: list[int], chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
     """``[len(ids) - 1]``: loss of token ``t + 1`` given tokens ``0..t`` (chunked prefill into one cache)."""
     device = next(model.parameters()).device
     x_all = torch.tensor(ids, device=device)  # [L]
@@ -36,7 +40,7 @@ def position_losses(model: Any, ids: list[int], chunk: int = DEFAULT_CHUNK) -> t
 
 
 def long_documents(
-    tokenizer: Any, max_len: int, n_docs: int, data: str | Path | None = None
+    tokenizer: Tokenizer, max_len: int, n_docs: int, data: str | Path | None = None
 ) -> tuple[list[list[int]], bool]:
     """``n_docs`` token lists of ``max_len`` tokens (bos first) from validation documents.
 
@@ -44,8 +48,6 @@ def long_documents(
     enough, the remaining ones are concatenated with ``eos`` between them (returned flag True), which
     makes the far positions less informative: the report says so.
     """
-    from longmoe.data.corpus import corpus_documents
-
     docs, short = [], []
     for d in corpus_documents(data, split="val", kind="file"):
         ids = tokenizer.encode(d.text, bos=True)
@@ -69,8 +71,8 @@ def long_documents(
 
 
 def ppl_by_position(
-    model: Any,
-    tokenizer: Any,
+    model: LongMoE,
+    tokenizer: Tokenizer,
     max_len: int,
     window: int,
     n_docs: int = 4,
@@ -130,7 +132,9 @@ def markdown_ppl(res: dict[str, Any]) -> str:
 
 
 @torch.no_grad()
-def answer_loss(model: Any, tokenizer: Any, prompt: str, answer: str, chunk: int = DEFAULT_CHUNK) -> float:
+def answer_loss(
+    model: LongMoE, tokenizer: Tokenizer, prompt: str, answer: str, chunk: int = DEFAULT_CHUNK
+) -> float:
     """Mean next-token loss of the answer tokens given the prompt (teacher forcing).
 
     A graded signal where generation accuracy is all zeros (small or briefly trained models): it

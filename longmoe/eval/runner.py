@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
+from longmoe.data.tokenizer import Tokenizer
 from longmoe.eval.scoring import METRICS, score
 from longmoe.tasks import TaskError, TaskItem, generate, parse_tasks
 
@@ -86,7 +89,7 @@ def item_id(task: str, length: int, depth: float, seed: int, index: int) -> str:
 
 
 def build_grid(
-    tasks: list[str], lengths: list[int], depths: list[float], n: int, seed: int, tokenizer: Any
+    tasks: list[str], lengths: list[int], depths: list[float], n: int, seed: int, tokenizer: Tokenizer
 ) -> list[GridItem]:
     """All items of the grid; cell (task, length, depth) uses seed ``seed`` with items 0..n-1."""
     out = []
@@ -111,7 +114,7 @@ def read_results(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def max_new_tokens(item: TaskItem, tokenizer: Any, cap: int | None = None) -> int:
+def max_new_tokens(item: TaskItem, tokenizer: Tokenizer, cap: int | None = None) -> int:
     """Room for the answer: twice its token count plus slack (a separator, a trailing newline)."""
     n = 2 * len(tokenizer.encode(" " + item.answer_text())) + 8
     return min(n, cap) if cap else n
@@ -121,7 +124,7 @@ def run_grid(
     client: Any,
     grid: list[GridItem],
     out_dir: str | Path,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     limit: int | None = None,
     max_tokens: int | None = None,
     batch_size: int = 8,
@@ -143,8 +146,6 @@ def run_grid(
         todo = todo[: max(0, limit)]
     if skipped:
         log(f"resuming: {skipped} of {len(grid)} items already scored in {path}")
-    from tqdm import tqdm
-
     bar = tqdm(total=len(todo), desc="eval", unit="item", disable=not progress, dynamic_ncols=True)
     rows: list[dict[str, Any]] = []
     with path.open("a", encoding="utf-8") as fh:

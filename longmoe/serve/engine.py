@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from longmoe.cache import Cache
+from longmoe.checkpoint import load_model
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.model import LongMoE
 from longmoe.serve.budget import CacheBudget, CacheBudgetError, CacheSpec
@@ -139,20 +140,15 @@ class Engine:
     def from_dir(cls, path: str | Path, **opts) -> Engine:
         """Load a model directory or a training run (its ``final/`` or newest complete checkpoint).
 
-        ``opts`` are ``EngineConfig`` fields (``chunk_size``, ``max_batch``, ``cache_budget_bytes``,
+        ``opts`` are ``EngineConfig`` fields (``prefill_chunk``, ``max_batch``, ``cache_budget_bytes``,
         ``device``, ...)."""
-        from longmoe.data.tokenizer import Tokenizer
-        from longmoe.model import LongMoE
-        from longmoe.train.checkpoint import resolve_model_dir
-
         known = {f.name for f in fields(EngineConfig)}
         bad = sorted(set(opts) - known)
         if bad:
             raise TypeError(f"Engine.from_dir: unknown options {bad}; expected some of {sorted(known)}")
         cfg = EngineConfig(**opts)
-        d = resolve_model_dir(path)
-        model = LongMoE.from_pretrained(d, device=cfg.device)
-        return cls(model, Tokenizer.from_file(d / "tokenizer.json"), cfg)
+        model, tokenizer, _ = load_model(path, device=cfg.device)
+        return cls(model, tokenizer, cfg)
 
     @property
     def max_context(self) -> int:

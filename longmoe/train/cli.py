@@ -9,10 +9,14 @@ import logging
 import sys
 from pathlib import Path
 
+from longmoe import checkpoint as ckpt
 from longmoe.config import ConfigError, ModelConfig, load_json, preset
 from longmoe.data.corpus import DataError
 from longmoe.data.stages import CurriculumStage, tiny_curriculum
+from longmoe.data.tokenizer import Tokenizer
 from longmoe.train.config import TrainConfig
+from longmoe.train.plots import render
+from longmoe.train.pretrain import Trainer, train_tokenizer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -105,13 +109,9 @@ def build_model_config(args: argparse.Namespace) -> ModelConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from longmoe.data.tokenizer import Tokenizer
-    from longmoe.train.plots import render
-    from longmoe.train.pretrain import Trainer, train_tokenizer
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
-        if args.resume and (args.run_dir / "config.json").exists():
+        if args.resume and (args.run_dir / ckpt.CONFIG_FILE).exists():
             trainer = Trainer(
                 args.run_dir, resume=True, progress=not args.no_progress, max_steps=args.max_steps
             )

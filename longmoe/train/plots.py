@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from longmoe.checkpoint import METRICS
+
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    f = Path(run_dir) / "metrics.jsonl"
+    f = Path(run_dir) / METRICS
     if not f.is_file():
         raise FileNotFoundError(f"{f} not found: is {run_dir} a training run directory?")
     return [json.loads(ln) for ln in f.read_text().splitlines() if ln.strip()]

@@ -4,8 +4,10 @@ One ``Trainer`` owns a run directory::
 
     RUN/config.json  train_config.json  tokenizer.json   what the run was started with (reused on resume)
     RUN/metrics.jsonl                                   one JSON object per logged step / evaluation
-    RUN/checkpoints/step-XXXXXXXX/                      atomic checkpoints (see ``checkpoint.py``)
+    RUN/checkpoints/step-XXXXXXXX/                      atomic checkpoints
     RUN/final/                                          the last weights as a plain model directory
+
+(the layout and the checkpoint format are ``longmoe.checkpoint``'s).
 
 Everything a step depends on (weights, AdamW moments, step count → learning rate, torch/Python RNG,
 the curriculum's stage and every packer's position, the MoE balancers' bias and load window) is in
@@ -17,9 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
-import shutil
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -27,12 +27,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
-from longmoe.config import ConfigError, ModelConfig
+from longmoe import checkpoint as ckpt
+from longmoe.config import IGNORE_INDEX, ConfigError, ModelConfig
+from longmoe.data.corpus import corpus_texts
 from longmoe.data.curriculum import Curriculum, val_batches
 from longmoe.data.tokenizer import Tokenizer
-from longmoe.model import IGNORE_INDEX, LongMoE
-from longmoe.train import checkpoint as ckpt
+from longmoe.model import LongMoE
 from longmoe.train.config import TrainConfig
 
 MAX_BAD_STEPS = 8  # consecutive non-finite-gradient steps before training stops with an error
@@ -95,8 +97,6 @@ def train_tokenizer(
     vocab_size: int, data: str | Path | None = None, max_chars: int = 20_000_000
 ) -> Tokenizer:
     """Byte-level BPE on the train split of the corpus (the first ``max_chars`` characters of it)."""
-    from longmoe.data.corpus import corpus_texts
-
     return Tokenizer.train(corpus_texts(data, "train", max_chars), vocab_size=vocab_size)
 
 
@@ -124,24 +124,24 @@ class Trainer:
     ) -> None:
         self.run_dir = Path(run_dir)
         self.progress, self.max_steps = progress, max_steps
-        existing = resume and (self.run_dir / "config.json").exists()
+        existing = resume and (self.run_dir / ckpt.CONFIG_FILE).exists()
         restored = ckpt.load_latest(self.run_dir) if resume else None
         if existing:
             # the run's own files win over what the caller passed: a resume must not change the run
             if restored is None:
                 log.warning("--resume: no complete checkpoint in %s; starting from step 0", self.run_dir)
-            model_cfg = ModelConfig.load(self.run_dir / "config.json")
-            train_cfg = TrainConfig.load(self.run_dir / "train_config.json")
-            tokenizer = Tokenizer.from_file(self.run_dir / "tokenizer.json")
+            model_cfg = ModelConfig.load(self.run_dir / ckpt.CONFIG_FILE)
+            train_cfg = TrainConfig.load(self.run_dir / ckpt.TRAIN_CONFIG)
+            tokenizer = Tokenizer.from_file(self.run_dir / ckpt.TOKENIZER_FILE)
         if model_cfg is None or train_cfg is None or tokenizer is None:
             raise ValueError(f"run {self.run_dir}: a new run needs a model config, train config, tokenizer")
         check_fits(model_cfg, tokenizer)
         self.mcfg, self.tcfg, self.tok = model_cfg, train_cfg, tokenizer
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if not existing:
-            model_cfg.save(self.run_dir / "config.json")
-            train_cfg.save(self.run_dir / "train_config.json")
-            tokenizer.save(self.run_dir / "tokenizer.json")
+            model_cfg.save(self.run_dir / ckpt.CONFIG_FILE)
+            train_cfg.save(self.run_dir / ckpt.TRAIN_CONFIG)
+            tokenizer.save(self.run_dir / ckpt.TOKENIZER_FILE)
 
         seed_everything(train_cfg.seed)
         self.model = LongMoE(model_cfg)
@@ -174,9 +174,7 @@ class Trainer:
         }
 
     def _restore(self, path: Path, state: dict[str, Any]) -> None:
-        from safetensors.torch import load_file
-
-        self.model.load_state_dict(load_file(str(path / "model.safetensors")))
+        ckpt.load_weights(self.model, path)
         self.opt.load_state_dict(state["optimizer"])
         self.curriculum.restore(state["curriculum"])
         set_rng_state(state["rng"])
@@ -187,7 +185,7 @@ class Trainer:
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop log lines after ``step`` so a resumed run's log reads as one uninterrupted run."""
-        f = self.run_dir / "metrics.jsonl"
+        f = self.run_dir / ckpt.METRICS
         if not f.exists():
             return
         lines = [ln for ln in f.read_text().splitlines() if ln.strip()]
@@ -196,22 +194,16 @@ class Trainer:
 
     def save(self) -> Path:
         return ckpt.save_checkpoint(
-            self.run_dir, self.step, self.model, self.run_dir / "tokenizer.json", self.state(),
+            self.run_dir, self.step, self.model, self.run_dir / ckpt.TOKENIZER_FILE, self.state(),
             self.tcfg.keep_last,
         )  # fmt: skip
 
     def export(self, path: Path) -> Path:
         """Write the current weights as a plain model directory (atomically replacing ``path``)."""
-        tmp = path.with_name(f".tmp-{path.name}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp)
-        self.tok.save(tmp / "tokenizer.json")
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
-        return path
+        return ckpt.save_model_dir(path, self.model, self.tok)
 
     def log(self, rec: dict[str, Any]) -> None:
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
+        with open(self.run_dir / ckpt.METRICS, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
     # ------------------------------------------------------------------ steps
@@ -315,8 +307,6 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
         """Train to the end of the curriculum (or ``max_steps``); returns a summary."""
-        from tqdm import tqdm
-
         total = self.total_steps if self.max_steps is None else min(self.total_steps, self.max_steps)
         bar = tqdm(total=total, initial=self.step, disable=not self.progress, unit="step", dynamic_ncols=True)
         val_losses: dict[str, float] = {}
@@ -345,7 +335,7 @@ class Trainer:
             bar.close()
         if not self.tcfg.ckpt_every or self.step % self.tcfg.ckpt_every:
             self.save()
-        self.export(self.run_dir / "final")
+        self.export(self.run_dir / ckpt.FINAL_DIR)
         return {
             "steps": self.step,
             "tokens": self.tokens,

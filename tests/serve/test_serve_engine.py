@@ -246,7 +246,7 @@ def test_cancel_frees_cache(engine):
 def test_from_run_dir_picks_newest_complete_checkpoint(model_dir, tmp_path):
     from serveutil import tiny_model
 
-    from longmoe.train.checkpoint import save_checkpoint
+    from longmoe.checkpoint import save_checkpoint
 
     run = tmp_path / "run"
     tok = model_dir / "tokenizer.json"

@@ -1,4 +1,5 @@
-"""Checkpoint safety: SIGKILL during a save (a real subprocess), corrupt checkpoints, model-dir lookup."""
+"""Training checkpoint safety: SIGKILL during a save (a real subprocess), a corrupt newest checkpoint on
+resume (the run layout and the loader are tested in tests/test_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import pytest
 from trainutil import small_model_config, small_train_config
 
-from longmoe.train import checkpoint as ckpt
+from longmoe import checkpoint as ckpt
 from longmoe.train.plots import read_metrics
 from longmoe.train.pretrain import Trainer
 
@@ -69,18 +70,3 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path, mcfg, tok, caplog):
     assert tr.step == 4
     (tmp_path / "r/checkpoints/step-00000004/COMPLETE").unlink()  # a save that never finished
     assert ckpt.load_latest(tmp_path / "r")[0].name == "step-00000002"
-
-
-def test_resolve_model_dir(tmp_path, mcfg, tcfg, tok):
-    with pytest.raises(FileNotFoundError, match="not found"):
-        ckpt.resolve_model_dir(tmp_path / "nothing")
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="neither a model directory"):
-        ckpt.resolve_model_dir(tmp_path / "empty")
-    Trainer(tmp_path / "r", mcfg, tcfg, tok, progress=False, max_steps=3).fit()
-    assert ckpt.resolve_model_dir(tmp_path / "r") == tmp_path / "r/final"
-    assert ckpt.resolve_model_dir(tmp_path / "r/final") == tmp_path / "r/final"
-    import shutil
-
-    shutil.rmtree(tmp_path / "r/final")
-    assert ckpt.resolve_model_dir(tmp_path / "r").name == "step-00000003"

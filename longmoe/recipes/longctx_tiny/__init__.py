@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from longmoe.checkpoint import METRICS
+
 CONFIG_FILE = Path(__file__).with_name("config.json")
 DONE_FILE = "recipe_done.json"
 
@@ -136,7 +138,8 @@ def model_config(rc: RecipeConfig, pattern: str, target: int | None = None) -> A
 # ---------------------------------------------------------------------- training
 def train_config(rc: RecipeConfig) -> Any:
     from longmoe.data.mix import SYNTHETIC_TASKS
-    from longmoe.train.config import CurriculumStage, TrainConfig
+    from longmoe.data.stages import CurriculumStage
+    from longmoe.train.config import TrainConfig
 
     synth = "synthetic"  # every family; a subset is named 'synthetic:<task>+<task>'
     if set(rc.synthetic_tasks) != set(SYNTHETIC_TASKS):
@@ -187,7 +190,7 @@ def train_one(rc: RecipeConfig, cfg: Any, tok: Any, run_dir: Path, progress: boo
 
 def last_losses(run_dir: Path) -> dict[str, Any]:
     """Mean train loss over the last 10 logged steps and the last validation loss of a run."""
-    f = run_dir / "metrics.jsonl"
+    f = run_dir / METRICS
     rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
     train = [r["loss"] for r in rows if "loss" in r][-10:]
     val = [r["val_loss"] for r in rows if "val_loss" in r]

@@ -1,4 +1,16 @@
-"""Atomic, self-checking training checkpoints, and finding the model directory inside a run.
+"""The run directory: its layout, atomic checkpoints, and the one model loader.
+
+Every stage (train, serve, eval, pipelines) reads and writes runs through this module, so the
+layout is named once, here::
+
+    RUN/config.json  train_config.json  tokenizer.json   what the run was started with (reused on resume)
+    RUN/metrics.jsonl                                   one JSON object per logged step / evaluation
+    RUN/checkpoints/step-XXXXXXXX/                      atomic checkpoints (below)
+    RUN/final/                                          the last weights as a plain model directory
+
+A model directory holds ``config.json``, ``model.safetensors`` and ``tokenizer.json``.
+``load_model(path)`` accepts a model directory or a run (``resolve_model_dir``) and returns the
+model, its tokenizer and ``ModelMeta`` (where it came from, its config, the training window).
 
 A checkpoint is a directory ``RUN/checkpoints/step-00000123/`` holding a loadable model directory
 (``config.json``, ``model.safetensors``, ``tokenizer.json``) plus ``trainer_state.pt`` (optimizer,
@@ -19,18 +31,28 @@ import logging
 import os
 import shutil
 import signal
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from safetensors.torch import load_file
+
+from longmoe.config import ModelConfig
+from longmoe.data.tokenizer import TOKENIZER_FILE, Tokenizer
+from longmoe.model import CONFIG_FILE, WEIGHTS_FILE, LongMoE
 
 log = logging.getLogger(__name__)
 
-CKPT_DIR = "checkpoints"
-PREFIX = "step-"
+# ---------------------------------------------------------------------- the run layout
+FINAL_DIR = "final"  # RUN/final: the finished model directory
+CKPT_DIR = "checkpoints"  # RUN/checkpoints/step-XXXXXXXX
+STEP_PREFIX = "step-"
+TRAIN_CONFIG = "train_config.json"  # RUN/train_config.json: the TrainConfig the run started with
+METRICS = "metrics.jsonl"  # RUN/metrics.jsonl: the training log
 MANIFEST = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
-MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)  # a model directory
 # Fault injection for the crash-safety test: ``LONGMOE_FAULT=kill-in-save:STEP`` SIGKILLs the process
 # after checkpoint STEP's files are written but before its manifest and rename.
 FAULT_ENV = "LONGMOE_FAULT"
@@ -65,13 +87,13 @@ def _fsync_tree(path: Path) -> None:
 
 
 def step_dir(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / CKPT_DIR / f"{PREFIX}{step:08d}"
+    return Path(run_dir) / CKPT_DIR / f"{STEP_PREFIX}{step:08d}"
 
 
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
-    model: Any,
+    model: LongMoE,
     tokenizer_file: str | Path,
     state: dict[str, Any],
     keep_last: int = 3,
@@ -80,11 +102,11 @@ def save_checkpoint(
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = step_dir(run_dir, step)
-    tmp = root / f".tmp-{PREFIX}{step:08d}-{os.getpid()}"
+    tmp = root / f".tmp-{STEP_PREFIX}{step:08d}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     model.save_pretrained(tmp)
-    shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
+    shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
     torch.save(state, tmp / STATE_FILE)
     if os.environ.get(FAULT_ENV) == f"kill-in-save:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -120,15 +142,15 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
         return []
     out = []
     for p in root.iterdir():
-        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit():
+        if p.is_dir() and p.name.startswith(STEP_PREFIX) and p.name[len(STEP_PREFIX) :].isdigit():
             out.append(p)
-    return sorted(out, key=lambda p: int(p.name[len(PREFIX) :]))
+    return sorted(out, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
 
 
 def prune(run_dir: str | Path, keep_last: int) -> None:
     """Delete stale temporaries and all but the newest ``keep_last`` complete checkpoints."""
     root = Path(run_dir) / CKPT_DIR
-    for p in root.glob(f".tmp-{PREFIX}*"):
+    for p in root.glob(f".tmp-{STEP_PREFIX}*"):
         if not p.name.endswith(f"-{os.getpid()}"):
             shutil.rmtree(p, ignore_errors=True)
     complete = [p for p in list_checkpoints(run_dir) if is_complete(p, verify_hashes=False)]
@@ -166,12 +188,69 @@ def resolve_model_dir(path: str | Path) -> Path:
         raise FileNotFoundError(f"model path not found: {p}")
     if is_model_dir(p):
         return p
-    if is_model_dir(p / "final"):
-        return p / "final"
+    if is_model_dir(p / FINAL_DIR):
+        return p / FINAL_DIR
     for c in reversed(list_checkpoints(p)):
         if is_complete(c, verify_hashes=False):
             return c
     raise FileNotFoundError(
         f"{p} is neither a model directory ({', '.join(MODEL_FILES)}) nor a training run with "
-        f"final/ or a complete {CKPT_DIR}/{PREFIX}*/ checkpoint"
+        f"{FINAL_DIR}/ or a complete {CKPT_DIR}/{STEP_PREFIX}*/ checkpoint"
     )
+
+
+# ---------------------------------------------------------------------- model directories
+def save_model_dir(path: str | Path, model: LongMoE, tokenizer: Tokenizer) -> Path:
+    """Write ``model`` + ``tokenizer`` as a plain model directory, atomically replacing ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{path.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save(tmp / TOKENIZER_FILE)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return path
+
+
+def load_weights(model: LongMoE, model_dir: str | Path) -> None:
+    """Load a model (or checkpoint) directory's weights into an existing ``model`` in place (a resumed
+    trainer keeps its parameters, which the optimizer holds)."""
+    model.load_state_dict(load_file(str(Path(model_dir) / WEIGHTS_FILE)))
+
+
+def training_window(model_dir: str | Path, cfg: ModelConfig) -> int:
+    """The longest curriculum window of the run that produced ``model_dir`` (its ``train_config.json``
+    in the directory or up to three levels above), else ``cfg.max_seq_len``."""
+    d = Path(model_dir)
+    for p in [d, *list(d.parents)[:3]]:
+        f = p / TRAIN_CONFIG
+        if f.is_file():
+            stages = json.loads(f.read_text()).get("stages") or []
+            wins = [int(s["window"]) for s in stages if isinstance(s, dict) and "window" in s]
+            if wins:
+                return max(wins)
+    return int(cfg.max_seq_len)
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """Where a loaded model came from and what it was trained for."""
+
+    model_dir: Path  # the resolved model directory (a run's final/ or newest complete checkpoint)
+    config: ModelConfig
+    training_window: int  # longest curriculum window of its run, else config.max_seq_len
+
+
+class LoadedModel(NamedTuple):
+    model: LongMoE  # in eval mode, on the requested device
+    tokenizer: Tokenizer
+    meta: ModelMeta
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu") -> LoadedModel:
+    """The one loader: a model directory or a training run (``resolve_model_dir``) -> model, tokenizer
+    and ``ModelMeta``. Errors name the missing or mismatched piece."""
+    d = resolve_model_dir(path)
+    model = LongMoE.from_pretrained(d, device=device).eval()
+    tokenizer = Tokenizer.from_file(d / TOKENIZER_FILE)
+    return LoadedModel(model, tokenizer, ModelMeta(d, model.cfg, training_window(d, model.cfg)))
