@@ -1,4 +1,8 @@
-"""``longmoe serve --model DIR --port 8000``: the OpenAI-compatible HTTP server (see server.py)."""
+"""``longmoe serve --model DIR --port 8000``: the OpenAI-compatible HTTP server (see serve/api/).
+
+Safety options (docs/serve.md, "Running it safely"): ``--api-key``, ``--allowed-hosts``,
+``--cors-origins``, ``--metrics-public``, ``--max-body-kb``, ``--body-timeout``,
+``--max-connections``, ``--max-requests-per-client``."""
 
 from __future__ import annotations
 
@@ -6,9 +10,19 @@ import argparse
 import os
 import sys
 
+import uvicorn
+
+from longmoe.serve.api import create_app, uvicorn_config
+from longmoe.serve.api.app import DEFAULT_MAX_CONNECTIONS
+from longmoe.serve.api.state import DEFAULT_BODY_TIMEOUT_S, LOCAL_HOSTS
 from longmoe.serve.cli_generate import add_engine_arguments, engine_from_args
 
 API_KEY_ENV = "LONGMOE_API_KEY"
+_ANY_ADDRESS = ("0.0.0.0", "::", "")
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,18 +32,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key",
         default=None,
-        help=f"require 'Authorization: Bearer KEY' on /v1 routes (default: ${API_KEY_ENV} if set)",
+        help=f"require 'Authorization: Bearer KEY' on /v1 and /metrics (default: ${API_KEY_ENV} if set)",
     )
     parser.add_argument("--model-name", default=None, help="model id clients send (default: directory name)")
     parser.add_argument("--max-body-kb", type=int, default=1024, help="request body size limit in KiB (1024)")
+    parser.add_argument(
+        "--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S,
+        help=f"seconds a request body may take to arrive ({DEFAULT_BODY_TIMEOUT_S:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allowed-hosts", type=_csv, default=None,
+        help="comma-separated Host header names accepted, '*' for any "
+        f"(default: {', '.join(LOCAL_HOSTS)} and the --host address)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cors-origins", type=_csv, default=[],
+        help="comma-separated origins allowed to call the API from a browser (default: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--metrics-public",
+        action="store_true",
+        help="serve /metrics without the API key (default: key needed)",
+    )
+    parser.add_argument(
+        "--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+        help=f"concurrent connections before 503 ({DEFAULT_MAX_CONNECTIONS})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-requests-per-client", type=int, default=None,
+        help="generations in flight per client address before 429 (default: half of --max-batch; 0: off)",
+    )  # fmt: skip
     parser.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
 
 
+def allowed_hosts(bind: str, given: list[str] | None) -> tuple[str, ...]:
+    """``given``, else localhost names plus the bound address (bracketed if IPv6)."""
+    if given is not None:
+        return tuple(given)
+    if bind in _ANY_ADDRESS or bind in LOCAL_HOSTS:
+        return LOCAL_HOSTS
+    return (*LOCAL_HOSTS, f"[{bind}]" if ":" in bind else bind)
+
+
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from longmoe.serve.server import create_app
-
     try:
         engine = engine_from_args(args)
     except (ValueError, FileNotFoundError) as e:
@@ -37,8 +82,24 @@ def run(args: argparse.Namespace) -> int:
         return 2
     key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     name = args.model_name or os.path.basename(os.path.abspath(args.model))
-    app = create_app(engine, model_name=name, api_key=key, max_body_bytes=args.max_body_kb * 1024)
-    print(f"serving model '{name}' on http://{args.host}:{args.port} (api key {'on' if key else 'off'})")
+    hosts = allowed_hosts(args.host, args.allowed_hosts)
+    app = create_app(
+        engine,
+        model_name=name,
+        api_key=key,
+        max_body_bytes=args.max_body_kb * 1024,
+        allowed_hosts=hosts,
+        cors_origins=args.cors_origins,
+        metrics_public=args.metrics_public,
+        body_timeout_s=args.body_timeout,
+        max_requests_per_client=args.max_requests_per_client,
+    )
+    print(f"serving model '{name}' on http://{args.host}:{args.port} (api key {'on' if key else 'off'}; "
+          f"hosts {', '.join(hosts)})")  # fmt: skip
+    if args.host in _ANY_ADDRESS and args.allowed_hosts is None:
+        print(
+            "note: bound to every interface; add this machine's names with --allowed-hosts", file=sys.stderr
+        )
     with engine:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.Server(uvicorn_config(app, args.host, args.port, args.max_connections, args.log_level)).run()
     return 0

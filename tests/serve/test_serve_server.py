@@ -14,7 +14,7 @@ from serveutil import MAX_CONTEXT
 
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
-from longmoe.serve.server import create_app, serve_in_thread
+from longmoe.serve.api import create_app, serve_in_thread
 
 KEY = "test-key"
 MAX_BODY = 64 * 1024
@@ -155,7 +155,8 @@ def test_server_survives_and_routes(server):
     page = httpx.get(url + "/")
     assert page.status_code == 200
     assert "/v1/chat/completions" in page.text
-    m = httpx.get(url + "/metrics").text
+    assert httpx.get(url + "/metrics").status_code == 401  # behind the key when one is set
+    m = httpx.get(url + "/metrics", headers=AUTH).text
     for name in ("longmoe_cache_bytes_in_use", "longmoe_queue_depth", "longmoe_tokens_per_second"):
         assert f"\n{name} " in m
     assert 'longmoe_http_requests_total{route="/v1/completions",status="400"}' in m

@@ -1,0 +1,159 @@
+"""``create_app``: the route table, the middleware and the error handlers around the handlers of
+the other modules, which read everything they need from ``app.state.server`` (a ``ServerState``).
+
+Outermost first, a request passes: ``CountResponses`` (metrics), ``HostGuard`` (421 for a foreign
+Host header), CORS (only when origins are configured), then the route. Every error leaves as
+OpenAI's error object; one whose request body was not read to its end carries ``Connection: close``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+
+from longmoe.serve.api import chat, completions, metrics, models, web
+from longmoe.serve.api.errors import APIError, echo, error_response
+from longmoe.serve.api.middleware import CountResponses, HostGuard
+from longmoe.serve.api.security import ClientLimiter
+from longmoe.serve.api.state import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_BODY,
+    LOCAL_HOSTS,
+    ServerConfig,
+    ServerState,
+)
+from longmoe.serve.engine import Engine
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_CONNECTIONS = 256  # uvicorn's limit_concurrency: 503 beyond this many connections/tasks
+_BODY_METHODS = ("POST", "PUT", "PATCH")
+
+ROUTES = [  # (method, path, handler)
+    ("GET", "/", web.index),
+    ("GET", "/health", web.health),
+    ("GET", "/metrics", metrics.prometheus),
+    ("GET", "/v1/models", models.list_models),
+    ("GET", "/v1/models/{model_id:path}", models.retrieve_model),
+    ("POST", "/v1/completions", completions.create_completion),
+    ("POST", "/v1/chat/completions", chat.create_chat_completion),
+]
+
+
+def default_client_limit(engine: Engine) -> int:
+    """Half the batch: one client can never hold every row."""
+    return max(1, engine.cfg.max_batch // 2)
+
+
+def create_app(
+    engine: Engine,
+    model_name: str = "longmoe",
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY,
+    *,
+    allowed_hosts: tuple[str, ...] | list[str] = LOCAL_HOSTS,
+    cors_origins: tuple[str, ...] | list[str] = (),
+    metrics_public: bool = False,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    max_requests_per_client: int | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``engine`` as ``model_name``; ``api_key`` guards every ``/v1`` route
+    and ``/metrics`` (unless ``metrics_public``). ``max_requests_per_client``: generations in flight
+    per client address (None: half of ``max_batch``; 0: no limit). See ``ServerConfig``."""
+    limit = default_client_limit(engine) if max_requests_per_client is None else max_requests_per_client
+    config = ServerConfig(
+        model_name=model_name,
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+        body_timeout_s=body_timeout_s,
+        allowed_hosts=tuple(allowed_hosts),
+        cors_origins=tuple(cors_origins),
+        metrics_public=metrics_public,
+        max_requests_per_client=limit,
+    )
+    app = FastAPI(title="longmoe", docs_url=None, redoc_url=None, openapi_url=None)
+    st = ServerState(engine, config, limiter=ClientLimiter(limit), page=web.PAGE.read_text())
+    app.state.server = st
+    app.state.engine = engine
+    for method, path, handler in ROUTES:
+        app.add_api_route(path, handler, methods=[method])
+    app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _crash)
+    if config.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    app.add_middleware(HostGuard, allowed=config.allowed_hosts)
+    app.add_middleware(CountResponses, metrics=st.metrics)
+    return app
+
+
+def _body_unread(request: Request) -> bool:
+    return request.method in _BODY_METHODS and not getattr(request.state, "body_read", False)
+
+
+async def _api_error(request: Request, e: APIError) -> Response:
+    return error_response(e, close=_body_unread(request))
+
+
+async def _http_error(request: Request, e: StarletteHTTPException) -> Response:
+    msg = {404: f"no route {echo(request.url.path)}", 405: f"method {echo(request.method)} not allowed"}
+    err = APIError(e.status_code, msg.get(e.status_code, echo(str(e.detail))), None, None)
+    return error_response(err, close=_body_unread(request))
+
+
+async def _crash(request: Request, e: Exception) -> Response:
+    log.exception("unhandled error on %s", echo(request.url.path))
+    return error_response(
+        APIError(500, f"internal error: {type(e).__name__}", None, "internal_error"), close=True
+    )
+
+
+def uvicorn_config(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    log_level: str = "warning",
+) -> uvicorn.Config:
+    """How the server runs under uvicorn (the CLI and ``serve_in_thread`` share it): at most
+    ``max_connections`` connections or tasks (503 beyond), idle keep-alive connections closed after 5 s."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="off",
+        limit_concurrency=max_connections,
+        timeout_keep_alive=5,
+    )
+
+
+def serve_in_thread(
+    app: FastAPI, host: str = "127.0.0.1", port: int = 0, max_connections: int = DEFAULT_MAX_CONNECTIONS
+) -> tuple[uvicorn.Server, threading.Thread, int]:
+    """Start uvicorn on a background thread (tests, benchmarks); returns ``(server, thread, port)``.
+
+    Stop with ``server.should_exit = True; thread.join()``."""
+    server = uvicorn.Server(uvicorn_config(app, host, port, max_connections))
+    th = threading.Thread(target=server.run, name="longmoe-http", daemon=True)
+    th.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not th.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, th, port

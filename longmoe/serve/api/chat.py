@@ -1,0 +1,71 @@
+"""``POST /v1/chat/completions``: messages through the tokenizer's chat template.
+
+Without ``max_completion_tokens`` / ``max_tokens`` a reply may take ``DEFAULT_CHAT_MAX_TOKENS`` or
+what the context has left; 0 is a 400 (as OpenAI), never "unset"."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from longmoe.serve.api.errors import APIError
+from longmoe.serve.api.generation import respond, sampling_params, submit, usage
+from longmoe.serve.api.intake import read_request
+from longmoe.serve.api.protocol import ChatRequest
+from longmoe.serve.api.state import server_state
+from longmoe.serve.engine import Completion, EngineError
+
+DEFAULT_CHAT_MAX_TOKENS = 512
+
+
+async def create_chat_completion(request: Request) -> Response:
+    st = server_state(request)
+    engine = st.engine
+    req = await read_request(request, ChatRequest)
+    limit_field, max_tokens = req.token_limit()
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    try:
+        ids = await asyncio.to_thread(engine.encode_chat, messages)  # tokenising is CPU work: off the loop
+    except EngineError as e:
+        raise APIError(400, str(e), e.param) from None
+    if max_tokens is None:
+        max_tokens = max(1, min(DEFAULT_CHAT_MAX_TOKENS, engine.max_context - len(ids)))
+    params = sampling_params(req, max_tokens, req.logprobs, req.top_logprobs or 0)
+    h, q = await submit(request, ids, params, rename={"max_tokens": limit_field})
+    base = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+    }
+    base["model"] = st.config.model_name
+    decode = engine.tokenizer.decode
+
+    def chunk(delta: str, finish: str | None) -> dict:
+        d = {"content": delta} if delta else {}
+        return {**base, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}]}
+
+    def token(i: int) -> dict:
+        s = decode([i])
+        return {"token": s, "bytes": list(s.encode())}
+
+    def final(c: Completion) -> dict:
+        lp = None
+        if c.logprobs is not None:
+            rows = c.top_logprobs or [[] for _ in c.token_ids]
+            lp = {
+                "content": [
+                    {**token(i), "logprob": v, "top_logprobs": [{**token(a), "logprob": b} for a, b in row]}
+                    for i, v, row in zip(c.token_ids, c.logprobs, rows, strict=False)
+                ]
+            }
+        msg = {"role": "assistant", "content": c.text}
+        choice = {"index": 0, "message": msg, "logprobs": lp, "finish_reason": c.finish_reason}
+        return {**base, "object": "chat.completion", "choices": [choice], "usage": usage(c)}
+
+    opening = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None, "finish_reason": None}]}  # fmt: skip
+    return await respond(request, h, q, chunk, final, req.stream, req.include_usage, opening)

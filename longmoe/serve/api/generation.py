@@ -1,0 +1,155 @@
+"""The part of the completions and chat routes that is the same for both (vLLM's serving_engine):
+sampling parameters from the request, submission to the engine off the event loop, and the
+response, streamed as server-sent events or returned whole.
+
+A request holds one of its client's slots (``ClientLimiter``) from submission until the engine
+reports it done, whatever ends it. A client that goes away cancels its request: a streamed one when
+Starlette sees the disconnect (it listens while streaming), a non-streamed one through
+``_until_gone``, which waits on the connection while the tokens flow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from longmoe.serve.api.errors import APIError
+from longmoe.serve.api.protocol import GenerationRequest
+from longmoe.serve.api.state import server_state
+from longmoe.serve.engine import Completion, EngineError, Event, RequestHandle
+from longmoe.serve.sampling import SamplingError, SamplingParams
+
+ChunkFn = Callable[[str, str | None], dict]  # (text delta, finish reason) -> one SSE chunk
+FinalFn = Callable[[Completion], dict]  # the completion -> the whole response body
+
+
+def sampling_params(req: GenerationRequest, max_tokens: int, logprobs: bool, top: int) -> SamplingParams:
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_k=req.top_k,
+            top_p=req.top_p,
+            seed=req.seed,
+            stop=req.stop_list(),
+            stop_token_ids=list(req.stop_token_ids or []),
+            repetition_penalty=req.repetition_penalty,
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
+            logprobs=logprobs,
+            top_logprobs=top,
+            ignore_eos=req.ignore_eos,
+        )
+    except SamplingError as e:
+        raise APIError(400, str(e), e.param, "invalid_value") from None
+
+
+def client_id(request: Request) -> str:
+    """The key of the per-client cap: the peer address (behind a proxy, the proxy's)."""
+    return request.client.host if request.client else "unknown"
+
+
+async def submit(
+    request: Request, prompt: str | list[int], params: SamplingParams, rename: dict[str, str] | None = None
+) -> tuple[RequestHandle, asyncio.Queue[Event]]:
+    """Submit to the engine from a worker thread (tokenising a long prompt is CPU work) and return
+    the handle and the queue its events arrive on. ``rename`` maps engine field names to the ones
+    the client sent (``max_tokens`` -> ``max_completion_tokens``)."""
+    st = server_state(request)
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue[Event] = asyncio.Queue()
+    who = client_id(request)
+    st.limiter.acquire(who)
+
+    def sink(ev: Event) -> None:  # engine thread
+        if ev.done is not None:
+            st.limiter.release(who)
+        with contextlib.suppress(RuntimeError):  # the event loop is gone (server shutting down)
+            loop.call_soon_threadsafe(q.put_nowait, ev)
+
+    try:
+        h = await asyncio.to_thread(st.engine.submit, prompt, params, sink)
+    except EngineError as e:
+        st.limiter.release(who)
+        param = (rename or {}).get(e.param, e.param)
+        code = "context_length_exceeded" if e.param in ("prompt", "max_tokens") else None
+        raise APIError(e.status, str(e).replace(e.param, param, 1), param, code) from None
+    except BaseException:
+        st.limiter.release(who)
+        raise
+    return h, q
+
+
+def usage(c: Completion) -> dict[str, int]:
+    return {
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "total_tokens": c.prompt_tokens + c.completion_tokens,
+    }
+
+
+def sse(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+
+
+async def _until_gone(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read: the next message is that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def respond(
+    request: Request,
+    h: RequestHandle,
+    q: asyncio.Queue[Event],
+    chunk: ChunkFn,
+    final: FinalFn,
+    stream: bool,
+    include_usage: bool,
+    opening: dict | None = None,
+) -> Response:
+    """Stream the request's chunks (after ``opening``, if any), or wait for its completion and
+    return the whole response."""
+    if not stream:
+        return await _whole(request, h, q, final)
+
+    async def gen() -> AsyncIterator[str]:
+        done = False
+        try:
+            if opening is not None:
+                yield sse(opening)
+            while not done:
+                ev = await q.get()
+                done = ev.done is not None
+                if ev.delta or done:
+                    yield sse(chunk(ev.delta, ev.done.finish_reason if ev.done else None))
+                if ev.done is not None and include_usage:
+                    yield sse({**chunk("", None), "choices": [], "usage": usage(ev.done)})
+            yield sse("[DONE]")
+        finally:
+            if not done:
+                h.cancel()  # client went away mid-stream (Starlette cancelled us): free its cache
+
+    return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _whole(request: Request, h: RequestHandle, q: asyncio.Queue[Event], final: FinalFn) -> Response:
+    gone = asyncio.ensure_future(_until_gone(request))
+    try:
+        while True:
+            get = asyncio.ensure_future(q.get())
+            await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():
+                get.cancel()
+                h.cancel()
+                return JSONResponse({"error": "client disconnected"}, status_code=499)
+            ev = get.result()
+            if ev.done is not None:
+                return JSONResponse(final(ev.done))
+    finally:
+        gone.cancel()

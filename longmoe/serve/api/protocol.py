@@ -1,0 +1,110 @@
+"""Request bodies of the OpenAI wire format, as strict pydantic models (unknown fields are errors).
+
+Strict types mean ``"max_tokens": "5"`` or ``"stream": "yes"`` are rejected rather than coerced;
+sampling ranges are checked by ``SamplingParams`` so the engine and the server share one set of
+rules, except where the API is narrower than the engine: ``temperature`` in [0, 2] and at most
+``MAX_STOP_STRINGS`` stop strings of at most ``MAX_STOP_CHARS`` characters each, as OpenAI.
+longmoe extensions beyond the OpenAI fields: ``top_k``, ``repetition_penalty``, ``stop_token_ids``,
+``ignore_eos``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from longmoe.serve.api.errors import APIError, echo
+
+MAX_STOP_STRINGS = 4  # OpenAI: "up to 4 sequences"
+MAX_STOP_CHARS = 256
+MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]; the engine itself accepts more
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class GenerationRequest(_Strict):
+    """The fields completions and chat share."""
+
+    model: str
+    temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE)
+    top_p: float = 1.0
+    top_k: int = 0
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    user: str | None = None
+
+    def stop_list(self) -> list[str]:
+        """``stop`` as a list, within the API's caps (400 naming ``stop`` otherwise)."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stop) > MAX_STOP_STRINGS:
+            msg = f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}"
+            raise APIError(400, msg, "stop", "invalid_value")
+        for s in stop:
+            if len(s) > MAX_STOP_CHARS:
+                msg = f"stop: each stop string has at most {MAX_STOP_CHARS} characters, got {len(s)}"
+                raise APIError(400, msg, "stop", "invalid_value")
+        return stop
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[int] | list[str]
+    max_tokens: int = 16
+    logprobs: int | None = None  # number of top alternatives per token (OpenAI legacy format)
+    echo: bool = False
+
+
+class ContentPart(_Strict):
+    type: Literal["text", "image_url"]
+    text: str | None = None
+    image_url: dict[str, Any] | None = None
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class ChatRequest(GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    def token_limit(self) -> tuple[str, int | None]:
+        """The field that sets the completion length (``max_completion_tokens`` wins, as OpenAI) and
+        its value; None when unset. 0 or less is a 400, as OpenAI: it never means "unset"."""
+        for name in ("max_completion_tokens", "max_tokens"):
+            v = getattr(self, name)
+            if v is not None:
+                if v < 1:
+                    raise APIError(400, f"{name}: expected an integer >= 1, got {v}", name, "invalid_value")
+                return name, v
+        return "max_tokens", None
+
+
+def model_not_found(name: str, available: str) -> APIError:
+    msg = f"the model '{echo(name)}' does not exist; available: ['{echo(available)}']"
+    return APIError(404, msg, "model", "model_not_found")
