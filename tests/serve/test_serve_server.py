@@ -12,9 +12,9 @@ import openai
 import pytest
 from serveutil import MAX_CONTEXT
 
+from longmoe.serve.api import create_app, serve_in_thread
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
-from longmoe.serve.api import create_app, serve_in_thread
 
 KEY = "test-key"
 MAX_BODY = 64 * 1024

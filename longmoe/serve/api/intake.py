@@ -50,10 +50,8 @@ def parse_json(raw: bytes) -> object:
     """The body as JSON values, or a 400 naming the field at fault."""
     try:
         data = json.loads(raw, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_NonFinite)
-    except RecursionError:
-        raise APIError(
-            400, f"invalid JSON body: nested deeper than {MAX_DEPTH} levels", None, "invalid_json"
-        ) from None
+    except RecursionError:  # far deeper than MAX_DEPTH: find the field without the parser
+        _reject(_deep_field(raw.decode("utf-8", errors="replace")), f"nested deeper than {MAX_DEPTH} levels")
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise APIError(400, f"invalid JSON body: {echo(str(e), 200)}", None, "invalid_json") from None
     _check_tree(data)
@@ -65,7 +63,7 @@ def _check_tree(data: object) -> None:
     while stack:
         v, path = stack.pop()
         if len(path) > MAX_DEPTH:
-            _reject(path, f"nested deeper than {MAX_DEPTH} levels")
+            _reject(path[:1], f"nested deeper than {MAX_DEPTH} levels")
         if isinstance(v, _Oversized):
             _reject(path, f"integer with {len(v.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
         elif isinstance(v, _NonFinite):
@@ -80,6 +78,32 @@ def _check_tree(data: object) -> None:
                 stack.append((x, (*path, k)))
         elif isinstance(v, list):
             stack.extend((x, (*path, str(i))) for i, x in enumerate(v))
+
+
+def _deep_field(text: str) -> tuple[str, ...]:
+    """The top-level key under which ``text`` first nests deeper than ``MAX_DEPTH`` (a scan that
+    stops there; used only when the parser gave up)."""
+    depth, key, last, i = 0, (), "", 0
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            j = text.find('"', i + 1)
+            while j > 0 and (j - len(text[i + 1 : j].rstrip("\\")) - i - 1) % 2:  # an escaped quote
+                j = text.find('"', j + 1)
+            if j < 0:
+                break
+            last, i = text[i + 1 : j], j + 1
+            continue
+        if c in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                break
+        elif c in "]}":
+            depth -= 1
+        elif c == ":" and depth == 1:
+            key = (last,)
+        i += 1
+    return key
 
 
 def _encodable(s: str) -> bool:
