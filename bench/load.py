@@ -6,8 +6,15 @@ the engine, then runs all clients at once through ``/v1/completions`` with ``str
 checks: every request succeeded, every stream ended with ``data: [DONE]``, and every streamed text
 equals its solo output. Exits non-zero otherwise; a global timeout makes it stop by itself.
 
-    python -m bench.load                 # 32 clients x 32 tokens
-    python -m bench.load --clients 8 --max-tokens 8
+Then (``--stop-streams``, on by default) it checks that one request with the most stop strings the
+API allows (``MAX_STOP_STRINGS`` of ``MAX_STOP_CHARS`` characters, never matching) does not slow the
+other streams: in each round, ``K`` streams run alongside one extra *plain* request, then alongside
+one extra *maximal-stop* request (same length); the table gives the other streams' ms/token for
+both (median over rounds) and their ratio. An extra row of either kind costs the same batch row, so
+the ratio isolates the stop-string work.
+
+    python -m bench.load                  # 32 clients x 32 tokens, then the stop-string rounds
+    python -m bench.load --clients 8 --max-tokens 8 --stop-tokens 64 --rounds 3
 """
 
 from __future__ import annotations
@@ -15,14 +22,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import time
 
+import httpx
 import torch
 
 from bench.common import markdown_table, write_results
+from longmoe.config import preset
+from longmoe.data.tokenizer import tokenizer_for_tests
+from longmoe.model import LongMoE
+from longmoe.serve.api import create_app, serve_in_thread
+from longmoe.serve.api.protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
-from longmoe.serve.server import create_app, serve_in_thread
 
 WORDS = [
     "the",
@@ -50,10 +63,6 @@ WORDS = [
 
 def random_engine(seed: int = 0, **cfg_kw) -> Engine:
     """Tiny preset (vocab 512, untied embeddings, weights moved off init) + the test tokenizer."""
-    from longmoe.config import preset
-    from longmoe.data.tokenizer import tokenizer_for_tests
-    from longmoe.model import LongMoE
-
     torch.manual_seed(seed)
     model = LongMoE(preset("tiny").replace(vocab_size=512, tie_embeddings=False, **cfg_kw))
     with torch.no_grad():
@@ -95,8 +104,6 @@ async def one_client(client, url: str, prompt: str, max_tokens: int) -> dict:
 
 
 async def run_clients(url: str, ps: list[str], max_tokens: int, timeout_s: float) -> list[dict]:
-    import httpx
-
     limits = httpx.Limits(max_connections=len(ps) + 4)
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
         tasks = [one_client(client, url, p, max_tokens) for p in ps]
@@ -111,7 +118,8 @@ def run(clients: int = 32, max_tokens: int = 32, model: str | None = None, timeo
     t0 = time.perf_counter()
     solo = [engine.generate(p, greedy).text for p in ps]
     solo_s = time.perf_counter() - t0
-    server, thread, port = serve_in_thread(create_app(engine, model_name="longmoe"))
+    app = create_app(engine, model_name="longmoe", max_requests_per_client=0)  # one address plays N clients
+    server, thread, port = serve_in_thread(app)
     try:
         t0 = time.perf_counter()
         res = asyncio.run(run_clients(f"http://127.0.0.1:{port}", ps, max_tokens, timeout_s))
@@ -139,6 +147,81 @@ def run(clients: int = 32, max_tokens: int = 32, model: str | None = None, timeo
     }
 
 
+MAX_STOPS = [f"{i}" + "\u00a7" * (MAX_STOP_CHARS - 1) for i in range(MAX_STOP_STRINGS)]  # never generated
+
+
+async def timed_stream(client: httpx.AsyncClient, url: str, body: dict) -> float:
+    """Stream one completion; its ms per token after the first (from the usage count)."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    first = tokens = None
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            first = first or time.perf_counter()
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    assert first is not None and tokens is not None and tokens > 1
+    return (time.perf_counter() - first) * 1000 / (tokens - 1)
+
+
+async def stop_round(
+    url: str, ps: list[str], n_tokens: int, extra_stop: list[str], timeout_s: float
+) -> list[float]:
+    """The ms/token of ``ps``'s streams while one extra request with ``extra_stop`` runs beside them."""
+    body = {"model": "longmoe", "max_tokens": n_tokens, "temperature": 0, "ignore_eos": True}
+    async with httpx.AsyncClient(
+        timeout=timeout_s, limits=httpx.Limits(max_connections=len(ps) + 4)
+    ) as client:
+        extra = timed_stream(client, url, {**body, "prompt": "extra request", "stop": extra_stop})
+        streams = [timed_stream(client, url, {**body, "prompt": p}) for p in ps]
+        res = await asyncio.wait_for(asyncio.gather(extra, *streams), timeout_s)
+    return res[1:]
+
+
+def run_stops(
+    streams: int = 4, n_tokens: int = 128, rounds: int = 3, model: str | None = None, timeout_s: float = 300
+) -> dict:
+    """Other streams' ms/token beside a plain extra request vs beside a maximal-stop one, alternating
+    which goes first in each round; medians over rounds and streams."""
+    engine = Engine.from_dir(model) if model else random_engine()
+    app = create_app(engine, model_name="longmoe", max_requests_per_client=0)
+    server, thread, port = serve_in_thread(app)
+    url, ps = f"http://127.0.0.1:{port}", prompts(streams, seed=1)
+    plain: list[float] = []
+    stops: list[float] = []
+    try:
+        asyncio.run(stop_round(url, ps, 8, [], timeout_s))  # warm-up
+        for r in range(rounds):
+            order = [([], plain), (MAX_STOPS, stops)]
+            for extra, out in order if r % 2 == 0 else order[::-1]:
+                out.extend(asyncio.run(stop_round(url, ps, n_tokens, extra, timeout_s)))
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        engine.close()
+    p, s = statistics.median(plain), statistics.median(stops)
+    per_round = [
+        statistics.median(stops[i : i + streams]) / statistics.median(plain[i : i + streams])
+        for i in range(0, len(plain), streams)
+    ]
+    return {
+        "streams": streams,
+        "tokens_per_stream": n_tokens,
+        "rounds": rounds,
+        "stop_strings": f"{MAX_STOP_STRINGS} x {MAX_STOP_CHARS} chars",
+        "ms_per_token_beside_plain": p,
+        "ms_per_token_beside_max_stops": s,
+        "ratio": s / p,
+        "round_ratios": per_round,
+        "all_plain": plain,
+        "all_stops": stops,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=32, help="concurrent streaming clients (32)")
@@ -146,6 +229,11 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="model directory (default: random-init tiny model)")
     ap.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds (300)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
+    ap.add_argument(
+        "--stop-streams", type=int, default=4, help="streams measured beside the stop request (4; 0: skip)"
+    )
+    ap.add_argument("--stop-tokens", type=int, default=256, help="tokens per stream in the stop rounds (256)")
+    ap.add_argument("--rounds", type=int, default=3, help="stop rounds, each plain + maximal-stop (3)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     r = run(args.clients, args.max_tokens, args.model, args.timeout)
@@ -159,6 +247,19 @@ def main() -> int:
         ["speedup", r["speedup_vs_sequential"]],
         ["mean time to first token s", r["mean_ttft_s"]],
     ]
+    if args.stop_streams:
+        st = run_stops(args.stop_streams, args.stop_tokens, args.rounds, args.model, args.timeout)
+        r["stops"] = st
+        n = f"{st['streams']} streams x {st['tokens_per_stream']} tokens"
+        rows += [
+            [f"ms/token of {n}, beside a plain request", st["ms_per_token_beside_plain"]],
+            [
+                f"ms/token of {n}, beside one with {st['stop_strings']} stop strings",
+                st["ms_per_token_beside_max_stops"],
+            ],
+            ["ratio (maximal stops / plain)", st["ratio"]],
+            ["the same ratio in each round", " ".join(f"{x:.2f}" for x in st["round_ratios"])],
+        ]
     table = markdown_table(["load test (loopback, streaming)", "value"], rows)
     write_results("load", r, table, update_readme=False)
     for e in r["errors"][:5]:
