@@ -73,12 +73,13 @@ RAW_BODIES = [
     b"\x00" * 100,
     b"x" * (MAX_BODY + 1),
 ]
-CONTENT_TYPES = ["application/json", "application/json; charset=utf-8", "text/plain", "", "application/x-www-form-urlencoded",
-                 "multipart/form-data; boundary=zz", "application/json\x7f", "*/*"]  # fmt: skip
-FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-          "n", "stream", "stream_options", "stop", "stop_token_ids", "seed", "logprobs", "top_logprobs",
-          "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "user", "echo",
-          "extra_field", SURROGATE]  # fmt: skip
+CONTENT_TYPES = ["application/json", "application/json; charset=utf-8", "text/plain", "",
+                 "application/x-www-form-urlencoded", "multipart/form-data; boundary=zz",
+                 "application/json\x7f", "*/*"]  # fmt: skip
+FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+          "top_k", "n", "stream", "stream_options", "stop", "stop_token_ids", "seed", "logprobs",
+          "top_logprobs", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos",
+          "user", "echo", "extra_field", SURROGATE]  # fmt: skip
 
 
 def mutate_body(rng: random.Random, path: str) -> dict:
@@ -109,7 +110,8 @@ def hostile_request(rng: random.Random, port: int) -> tuple[str, str, dict[str, 
     elif r < 0.16:
         path = rng.choice([
             "/v1/models/" + "m" * rng.randint(1, 5000), "/v1/models/%ED%A0%80", "/nope", "/v1/../v1/models",
-            "/" + "a" * rng.randint(100, 6000), "/v1/completions/extra", "//v1//models", "/%00", "/v1/models/%2F..",
+            "/" + "a" * rng.randint(100, 6000), "/v1/completions/extra", "//v1//models", "/%00",
+            "/v1/models/%2F..",
         ])  # fmt: skip
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     r = rng.random()
@@ -154,6 +156,8 @@ def test_fuzz_hostile_requests(server, caplog):
     url = f"http://127.0.0.1:{port}"
     statuses: dict[int, int] = {}
     routes_hit = set()
+    uvicorn_log = logging.getLogger("uvicorn.error")  # does not propagate: watch it directly
+    uvicorn_log.addHandler(caplog.handler)
     with caplog.at_level(logging.WARNING), httpx.Client(base_url=url, timeout=60) as client:
         for i in range(N_REQUESTS):
             method, path, headers, body = hostile_request(rng, port)
