@@ -125,7 +125,9 @@ class Tokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        # through encode_batch: it releases the GIL (encode does not), so a long text tokenised on a
+        # worker thread leaves the other threads running (the server's event loop, the engine)
+        ids = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:

@@ -459,6 +459,34 @@ def test_tokenising_runs_off_the_event_loop(engine, server, monkeypatch):
     assert len(seen) == 2 and "longmoe-http" not in seen  # not the server's (event loop) thread
 
 
+def test_tokenizer_releases_the_gil(engine):
+    """Tokenising on a worker thread only frees the event loop if the tokenizer lets go of the GIL:
+    a Python thread keeps ticking while a long text is encoded."""
+    text = "def foo(x): return x * 2  # some words\n" * 3000  # ~120 KB
+    ticks: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.002)
+
+    t = threading.Thread(target=tick)
+    t.start()
+    time.sleep(0.05)
+    t0 = time.perf_counter()
+    ids = engine.tokenizer.encode(text)
+    t1 = time.perf_counter()
+    done.set()
+    t.join()
+    assert len(ids) > 1000
+    during = [x for x in ticks if t0 <= x <= t1]
+    gaps = [b - a for a, b in zip([t0, *during], [*during, t1], strict=True)]
+    assert max(gaps) < max(0.1, (t1 - t0) / 3), (
+        f"the loop thread stalled {max(gaps):.2f} s of {t1 - t0:.2f} s"
+    )
+
+
 def test_abandoned_non_streamed_request_is_cancelled(slow_engine):
     engine = slow_engine
     srv, th, port = serve_in_thread(create_app(engine, model_name="tiny", api_key=KEY))

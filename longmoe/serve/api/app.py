@@ -82,7 +82,6 @@ def create_app(
     app = FastAPI(title="longmoe", docs_url=None, redoc_url=None, openapi_url=None)
     st = ServerState(engine, config, limiter=ClientLimiter(limit), page=web.PAGE.read_text())
     app.state.server = st
-    app.state.engine = engine
     for method, path, handler in ROUTES:
         app.add_api_route(path, handler, methods=[method])
     app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]

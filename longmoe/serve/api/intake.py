@@ -87,9 +87,7 @@ def _deep_field(text: str) -> tuple[str, ...]:
     while i < len(text):
         c = text[i]
         if c == '"':
-            j = text.find('"', i + 1)
-            while j > 0 and (j - len(text[i + 1 : j].rstrip("\\")) - i - 1) % 2:  # an escaped quote
-                j = text.find('"', j + 1)
+            j = _string_end(text, i)
             if j < 0:
                 break
             last, i = text[i + 1 : j], j + 1
@@ -104,6 +102,20 @@ def _deep_field(text: str) -> tuple[str, ...]:
             key = (last,)
         i += 1
     return key
+
+
+def _string_end(text: str, i: int) -> int:
+    """The index of the quote that closes the string opened at ``text[i]`` (-1: none). Linear: each
+    backslash run is counted once, by the quote after it."""
+    j = text.find('"', i + 1)
+    while j > 0:
+        k = j
+        while text[k - 1] == "\\":
+            k -= 1
+        if (j - k) % 2 == 0:  # an even run of backslashes: the quote is not escaped
+            return j
+        j = text.find('"', j + 1)
+    return j
 
 
 def _encodable(s: str) -> bool:
