@@ -17,7 +17,7 @@ from longmoe.serve.api.generation import respond, sampling_params, submit, usage
 from longmoe.serve.api.intake import read_request
 from longmoe.serve.api.protocol import ChatRequest
 from longmoe.serve.api.state import server_state
-from longmoe.serve.engine import Completion, EngineError
+from longmoe.serve.request import Completion, EngineError
 
 DEFAULT_CHAT_MAX_TOKENS = 512
 

@@ -13,7 +13,7 @@ from longmoe.serve.api.generation import respond, sampling_params, submit, usage
 from longmoe.serve.api.intake import read_request
 from longmoe.serve.api.protocol import CompletionRequest
 from longmoe.serve.api.state import server_state
-from longmoe.serve.engine import Completion
+from longmoe.serve.request import Completion
 
 
 async def create_completion(request: Request) -> Response:

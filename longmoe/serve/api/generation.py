@@ -21,7 +21,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from longmoe.serve.api.errors import APIError
 from longmoe.serve.api.protocol import GenerationRequest
 from longmoe.serve.api.state import server_state
-from longmoe.serve.engine import Completion, EngineError, Event, RequestHandle
+from longmoe.serve.engine import RequestHandle
+from longmoe.serve.request import Completion, EngineError, Event
 from longmoe.serve.sampling import SamplingError, SamplingParams
 
 ChunkFn = Callable[[str, str | None], dict]  # (text delta, finish reason) -> one SSE chunk

@@ -9,7 +9,8 @@ from starlette.responses import PlainTextResponse, Response
 from longmoe.serve.api.middleware import HTTPMetrics
 from longmoe.serve.api.security import check_key
 from longmoe.serve.api.state import server_state
-from longmoe.serve.engine import FINISH_REASONS, Engine
+from longmoe.serve.engine import Engine
+from longmoe.serve.request import FINISH_REASONS
 
 _SERIES = [  # (name, kind, help, engine.stats() key)
     ("requests_total", "counter", "requests submitted to the engine", "requests"),
