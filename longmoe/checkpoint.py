@@ -40,6 +40,7 @@ from safetensors.torch import load_file
 
 from longmoe.config import ModelConfig
 from longmoe.data.tokenizer import TOKENIZER_FILE, Tokenizer
+from longmoe.errors import UserError
 from longmoe.model import CONFIG_FILE, WEIGHTS_FILE, LongMoE
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)  # a model directory
 FAULT_ENV = "LONGMOE_FAULT"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint (or every checkpoint of a run) is missing or unreadable."""
 
 

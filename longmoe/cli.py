@@ -10,10 +10,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 
 from longmoe import __version__
+from longmoe.errors import UserError
 from longmoe.runtime import retain_freed_memory
+
+EXIT_USAGE = 2  # a user error: bad flag, file or config (argparse uses the same status)
+EXIT_BROKEN_PIPE = 1  # stdout closed early (`longmoe inspect | head`), as Python itself exits
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, the shell convention
 
 # name -> (module path, one-line help). Add a command by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -63,16 +69,50 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at devnull so the interpreter's final flush cannot raise again
+    (the recipe in Python's ``signal`` documentation, "Note on SIGPIPE")."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (captured in tests): nothing to do
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status.
+
+    One error style for every command: a ``UserError`` (or an ``OSError`` such as a missing or
+    unwritable file) prints ``longmoe <command>: error: <message>`` on stderr and returns 2; Ctrl-C
+    returns 130 and a closed stdout returns 1, both without a traceback. Any other exception is a bug
+    and propagates with its traceback.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     retain_freed_memory()  # large CPU tensors reuse heap memory instead of page-faulting each step
     command = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(command)
-    args = parser.parse_args(argv)
-    if not getattr(args, "_run", None):
-        parser.print_help()
-        return 0 if args.command is None else 2
-    return int(args._run(args) or 0)
+    try:
+        parser = build_parser(command)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help, --version, or a usage error argparse already printed
+            return e.code if isinstance(e.code, int) else EXIT_USAGE
+        if not getattr(args, "_run", None):
+            parser.print_help()
+            return 0 if args.command is None else EXIT_USAGE
+        status = int(args._run(args) or 0)
+        sys.stdout.flush()  # a broken pipe surfaces here, inside the handler, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # end the line the ^C was echoed on
+        return EXIT_INTERRUPTED
+    except (UserError, OSError) as e:
+        print(f"longmoe {command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from longmoe.errors import UserError
+
 # Label of a position that is not a training target (document boundaries, masked prompts): the
 # ``ignore_index`` of the model's cross-entropy and what the data packer writes.
 IGNORE_INDEX = -100
@@ -30,7 +32,7 @@ DECAY_GATES = ("bounded", "softplus")
 DTYPES = ("float32", "bfloat16")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config field holds a value outside its allowed range."""
 
 

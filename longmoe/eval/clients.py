@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from longmoe.data.tokenizer import Tokenizer
+from longmoe.errors import UserError
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 
@@ -30,7 +31,7 @@ LOCAL_MAX_CONTEXT = 1 << 20  # prompt + answer tokens a local model may be asked
 API_MODES = ("completions", "chat")
 
 
-class ClientError(RuntimeError):
+class ClientError(UserError, RuntimeError):
     """A backend that cannot be used or answered badly (the message says which and why)."""
 
 

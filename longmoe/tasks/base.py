@@ -22,6 +22,7 @@ from typing import Any
 
 from longmoe.data.corpus import stdlib_files, stdlib_root
 from longmoe.data.tokenizer import Tokenizer
+from longmoe.errors import UserError
 
 LENGTH_TOL = 0.02  # acceptance: prompt tokens within ±2% of the target
 _FIT_TOL = 0.002  # what the fitting loop aims for (leaves margin for re-tokenisation at the cut)
@@ -51,7 +52,7 @@ PLACES = _words(
 )
 
 
-class TaskError(ValueError):
+class TaskError(UserError, ValueError):
     """A task request that cannot be generated (unknown task/variant, length too short, bad depth)."""
 
 
