@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from longmoe.argtypes import device
 from longmoe.checkpoint import TOKENIZER_FILE, load_model
 from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
 from longmoe.eval import runner
@@ -94,7 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, default=Path("runs/eval"), help="output directory (default runs/eval)")
-    g.add_argument("--device", default="cpu", help="torch device for --model (default cpu)")
+    g.add_argument("--device", type=device, default="cpu", help="torch device for --model (default cpu)")
     g.add_argument("--no-plots", action="store_true", help="do not write plots")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -9,13 +9,14 @@ import argparse
 import sys
 import time
 
+from longmoe.argtypes import device
 from longmoe.serve.engine import Engine, EngineError
 from longmoe.serve.sampling import SamplingError, SamplingParams
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model directory, or a training run directory")
-    p.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
+    p.add_argument("--device", type=device, default="cpu", help="torch device to run on (default: cpu)")
     p.add_argument(
         "--prefill-chunk", type=int, default=512, help="prompt tokens per prefill step (default 512)"
     )
@@ -74,14 +75,14 @@ def run(args: argparse.Namespace) -> int:
         params = params_from_args(args, ignore_eos=args.ignore_eos)
         engine = engine_from_args(args)
     except (SamplingError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"longmoe generate: error: {e}", file=sys.stderr)
         return 2
     with engine:
         t0 = time.perf_counter()
         try:
             h = engine.submit(prompt, params)
         except EngineError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"longmoe generate: error: {e}", file=sys.stderr)
             return 2
         for ev in h.events():
             if ev.delta:

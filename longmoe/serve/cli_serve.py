@@ -12,6 +12,7 @@ import sys
 
 import uvicorn
 
+from longmoe.argtypes import port
 from longmoe.serve.api import create_app, uvicorn_config
 from longmoe.serve.api.app import DEFAULT_MAX_CONNECTIONS
 from longmoe.serve.api.state import DEFAULT_BODY_TIMEOUT_S, LOCAL_HOSTS
@@ -28,7 +29,7 @@ def _csv(text: str) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    parser.add_argument("--port", type=port, default=8000, help="TCP port, 0-65535 (default 8000)")
     parser.add_argument(
         "--api-key",
         default=None,
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine = engine_from_args(args)
     except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"longmoe serve: error: {e}", file=sys.stderr)
         return 2
     key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     name = args.model_name or os.path.basename(os.path.abspath(args.model))
