@@ -8,13 +8,16 @@ training through its package concatenation either.
 
 User data (``--data PATH``): a text file, a JSONL file (one object per line, ``text`` field), a
 Parquet file (``text`` column), or a directory of those (walked in sorted order). Everything streams:
-one document is in memory at a time.
+one document is in memory at a time. Text must be UTF-8: a file whose share of non-text bytes (bytes
+that are not valid UTF-8, and NUL bytes) exceeds ``MAX_BINARY_SHARE`` is refused as binary; a smaller
+share is read with U+FFFD in their place and a warning giving the share.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import sysconfig
@@ -22,12 +25,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from longmoe.errors import UserError
+
 SPLITS = ("train", "val")
 KINDS = ("file", "package")
 VAL_FRACTION = 0.05  # share of files that go to the validation split
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".text", ".c", ".h", ".js", ".ts", ".html", ".json", ".toml")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
+# A text file in another encoding (Latin-1 prose: a few % of bytes) is read with a warning; a binary file
+# (compressed data: ~50% invalid UTF-8; executables: mostly NUL bytes) is refused.
+MAX_BINARY_SHARE = 0.10
+
+log = logging.getLogger(__name__)
 
 # Standard-library parts that are not prose-like source: generated tables, tests, binary-ish data.
 _STDLIB_SKIP_DIRS = {
@@ -44,7 +54,7 @@ _STDLIB_SKIP_DIRS = {
 _STDLIB_SKIP_PREFIXES = ("config-", "_sysconfigdata")
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A data path or corpus that cannot be used (missing, empty, unreadable)."""
 
 
@@ -174,6 +184,52 @@ def data_files(path: str | Path) -> list[Path]:
     return files
 
 
+def non_text_share(raw: bytes) -> float:
+    """Share of ``raw`` that is not text: bytes that are invalid UTF-8, plus NUL bytes."""
+    if not raw:
+        return 0.0
+    valid = len(raw.decode("utf-8", errors="ignore").encode("utf-8"))  # invalid bytes are dropped
+    return (len(raw) - valid + raw.count(b"\0")) / len(raw)
+
+
+_warned_files: set[Path] = set()  # warn about a file's bad bytes once, not on every epoch
+
+
+def read_user_text(f: Path) -> str:
+    """A user's text file as a string; refuses binary files and warns about a few undecodable bytes."""
+    raw = f.read_bytes()
+    share = non_text_share(raw)
+    if share > MAX_BINARY_SHARE:
+        raise DataError(
+            f"--data file {f} looks binary: {share:.0%} of its bytes are not UTF-8 text "
+            f"(more than {MAX_BINARY_SHARE:.0%}); give text, JSONL or Parquet files"
+        )
+    if share > 0 and f not in _warned_files:
+        _warned_files.add(f)
+        log.warning("--data file %s: %.2f%% of its bytes are not UTF-8 text; read as U+FFFD", f, 100 * share)
+    return raw.decode("utf-8", errors="replace")
+
+
+def _parquet_documents(f: Path, text_field: str) -> Iterator[Document]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as e:  # pragma: no cover - pyarrow is a dev dependency
+        raise DataError(f"reading {f} needs pyarrow (pip install pyarrow)") from e
+    try:
+        pf = pq.ParquetFile(f)
+        if text_field not in pf.schema_arrow.names:
+            raise DataError(f"{f}: no column {text_field!r} (columns: {pf.schema_arrow.names})")
+        row = 0
+        for batch in pf.iter_batches(columns=[text_field], batch_size=256):
+            for text in batch.column(0).to_pylist():
+                row += 1
+                if isinstance(text, str) and text:
+                    yield Document(text=text, source=f"{f}:{row}")
+    except (pa.ArrowException, OSError) as e:  # bad magic bytes, truncated footer or pages
+        raise DataError(f"--data file {f} is not a readable Parquet file ({e})") from e
+
+
 def _file_documents(f: Path, text_field: str) -> Iterator[Document]:
     suf = f.suffix.lower()
     if suf in JSONL_SUFFIXES:
@@ -192,21 +248,9 @@ def _file_documents(f: Path, text_field: str) -> Iterator[Document]:
                 if text:
                     yield Document(text=text, source=f"{f}:{i + 1}")
     elif suf in PARQUET_SUFFIXES:
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as e:  # pragma: no cover - pyarrow is a dev dependency
-            raise DataError(f"reading {f} needs pyarrow (pip install pyarrow)") from e
-        pf = pq.ParquetFile(f)
-        if text_field not in pf.schema_arrow.names:
-            raise DataError(f"{f}: no column {text_field!r} (columns: {pf.schema_arrow.names})")
-        row = 0
-        for batch in pf.iter_batches(columns=[text_field], batch_size=256):
-            for text in batch.column(0).to_pylist():
-                row += 1
-                if isinstance(text, str) and text:
-                    yield Document(text=text, source=f"{f}:{row}")
+        yield from _parquet_documents(f, text_field)
     else:
-        text = _read(f)
+        text = read_user_text(f)
         if text:
             yield Document(text=text, source=str(f))
 

@@ -19,6 +19,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from longmoe.data.corpus import stdlib_documents
+from longmoe.errors import UserError
 
 TOKENIZER_FILE = "tokenizer.json"  # the tokenizer's file in a model directory
 
@@ -60,6 +61,10 @@ ROLE_TOKENS = {
 MIN_VOCAB = len(SPECIAL_TOKENS) + 256  # specials + the 256 byte symbols
 
 
+class TokenizerError(UserError, ValueError):
+    """A tokenizer file that cannot be used: not a tokenizer, or not one trained by longmoe."""
+
+
 class Tokenizer:
     """Thin wrapper: encode/decode, special-token ids as attributes, chat template."""
 
@@ -68,7 +73,7 @@ class Tokenizer:
         for attr, tok in _ATTR.items():
             i = hf.token_to_id(tok)
             if i is None:
-                raise ValueError(f"tokenizer lacks special token {tok!r}; was it trained by longmoe?")
+                raise TokenizerError(f"tokenizer lacks special token {tok!r}; was it trained by longmoe?")
             setattr(self, attr, i)
         self.doc_id = self.eos_id  # the document-boundary token
 
@@ -108,7 +113,15 @@ class Tokenizer:
             p = p / TOKENIZER_FILE
         if not p.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {p}")
-        return cls(_HFTokenizer.from_file(str(p)))
+        try:
+            hf = _HFTokenizer.from_file(str(p))
+        except Exception as e:  # the Rust parser raises a bare Exception for any malformed file
+            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise TokenizerError(f"{p} is not a tokenizer.json file ({detail})") from e
+        try:
+            return cls(hf)
+        except TokenizerError as e:
+            raise TokenizerError(f"{p}: {e}") from e
 
     def save(self, path: str | Path) -> Path:
         """Write ``tokenizer.json`` (``path`` may be the file or its directory)."""

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
+import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from longmoe.data.corpus import (
     DataError,
     load_documents,
+    non_text_share,
     stdlib_count,
     stdlib_documents,
     stdlib_files,
@@ -65,3 +70,61 @@ def test_missing_and_empty_paths_are_clear(tmp_path) -> None:
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     with pytest.raises(DataError, match="bad.jsonl:1"):
         list(load_documents(tmp_path / "bad.jsonl"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_utf8_text_has_no_non_text_bytes(s: str) -> None:
+    assert non_text_share(s.replace("\0", "").encode("utf-8")) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("raw", "share"),
+    [
+        (b"", 0.0),
+        (b"\0" * 10, 1.0),
+        (b"ab\xffcd", 0.2),  # one invalid byte of five
+        ("café".encode("latin-1"), 0.25),  # é in Latin-1 is not UTF-8
+        (b"\xe2\x82", 1.0),  # a truncated 3-byte sequence
+    ],
+)
+def test_non_text_share(raw: bytes, share: float) -> None:
+    assert non_text_share(raw) == pytest.approx(share)
+
+
+def test_binary_data_is_refused_and_a_few_bad_bytes_warn(tmp_path, caplog) -> None:
+    """Above MAX_BINARY_SHARE non-text bytes a file is refused (naming it and the share); below, it is
+    read with U+FFFD and one warning per file giving the share."""
+    rng = random.Random(0)
+    (tmp_path / "model.bin").write_bytes(rng.randbytes(10_000))
+    (tmp_path / "zeros.txt").write_bytes(b"\0" * 100 + b"text")
+    for name in ("model.bin", "zeros.txt"):
+        with pytest.raises(DataError, match=rf"{name} looks binary: \d+% of its bytes"):
+            list(load_documents(tmp_path / name))
+    text = "plain text " * 100
+    (tmp_path / "latin.txt").write_bytes(text.encode() + "é".encode("latin-1"))
+    with caplog.at_level(logging.WARNING, logger="longmoe.data.corpus"):
+        for _ in range(3):  # one warning, not one per epoch
+            (doc,) = load_documents(tmp_path / "latin.txt")
+    assert doc.text == text + "\ufffd"
+    warnings = [r.getMessage() for r in caplog.records if "latin.txt" in r.getMessage()]
+    assert len(warnings) == 1 and "0.09%" in warnings[0]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "empty", "truncated", "bad-magic"])
+def test_corrupt_parquet_names_the_file(tmp_path, damage: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"text": [f"row {i} " * 50 for i in range(2000)]}), f)
+    good = f.read_bytes()
+    bad = {
+        "garbage": b"PAR1" + random.Random(0).randbytes(len(good) - 8) + b"PAR1",
+        "empty": b"",
+        "truncated": good[: len(good) // 2],
+        "bad-magic": b"XXXX" + good[4:-4] + b"XXXX",
+    }[damage]
+    f.write_bytes(bad)
+    with pytest.raises(DataError, match="rows.parquet is not a readable Parquet file"):
+        list(load_documents(f))

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models
 
-from longmoe.data.tokenizer import SPECIAL_TOKENS, Tokenizer, tokenizer_for_tests
+from longmoe.data.tokenizer import SPECIAL_TOKENS, Tokenizer, TokenizerError, tokenizer_for_tests
+from longmoe.errors import UserError
 
 
 @settings(max_examples=300, deadline=None)
@@ -85,3 +89,24 @@ def test_vocab_too_small_is_clear_error() -> None:
 
     with pytest.raises(ValueError, match="vocab_size"):
         Tokenizer.train(["abc"], vocab_size=100)
+
+
+_NOT_TOKENIZERS = {  # file contents that are not a longmoe tokenizer.json -> words the error must carry
+    "garbage.json": (bytes(range(256)) * 4, "not a tokenizer.json"),
+    "empty.json": (b"", "not a tokenizer.json"),
+    "list.json": (b"[1, 2]", "not a tokenizer.json"),
+    "object.json": (b'{"version": "1.0"}', "not a tokenizer.json"),
+    "truncated.json": (b'{"version": "1.0", "model": {"type": "BPE"', "not a tokenizer.json"),
+    "foreign.json": (HFTokenizer(models.BPE()).to_str().encode(), "lacks special token"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NOT_TOKENIZERS))
+def test_unusable_tokenizer_files_raise_one_clear_error(tmp_path, name: str) -> None:
+    """Garbage, wrong JSON or a tokenizer without longmoe's special tokens: TokenizerError naming the file."""
+    raw, words = _NOT_TOKENIZERS[name]
+    (tmp_path / name).write_bytes(raw)
+    with pytest.raises(TokenizerError, match=words) as e:
+        Tokenizer.from_file(tmp_path / name)
+    assert str(tmp_path / name) in str(e.value) and "\n" not in str(e.value)
+    assert isinstance(e.value, UserError)
