@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
-from longmoe.config import ConfigError, ModelConfig, preset
+from longmoe.config import ModelConfig, preset
 from longmoe.layers.attnres import BlockAttnRes
 from longmoe.layers.kda import KDALayer
 from longmoe.layers.mla import MLALayer
 from longmoe.layers.mlp import GLUMLP
+from longmoe.layers.moe import MoELayer
 
 BF16_BYTES = 2
 FP32_BYTES = 4  # KDA recurrent states are kept in fp32 in the cache
+DTYPE_BYTES = {"float32": FP32_BYTES, "bfloat16": BF16_BYTES}
+# Training holds four copies of every parameter in its dtype: weights, gradients, AdamW's two moments.
+TRAIN_COPIES = {"weights": 1, "gradients": 1, "optimizer": 2}
 CONTEXTS = {"8K": 8 * 1024, "128K": 128 * 1024, "1M": 1024 * 1024}
 PARTS = (
     "embeddings",
@@ -36,8 +39,6 @@ PARTS = (
 
 
 def _moe_counts(cfg: ModelConfig, active: bool) -> dict[str, int]:
-    from longmoe.layers.moe import MoELayer
-
     fn = MoELayer.active_param_counts if active else MoELayer.analytic_param_counts
     return fn(cfg.d_model, cfg.ffn)
 
@@ -84,6 +85,15 @@ def cache_accounting(cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
+def training_memory(cfg: ModelConfig) -> dict[str, int]:
+    """Bytes that training needs before the first batch: weights, gradients and AdamW moments
+    (activations come on top, so this is a lower bound)."""
+    per_copy = sum(param_counts(cfg).values()) * DTYPE_BYTES[cfg.dtype]
+    out = {name: n * per_copy for name, n in TRAIN_COPIES.items()}
+    out["total"] = sum(out.values())
+    return out
+
+
 def report(cfg: ModelConfig) -> dict[str, Any]:
     total, active = param_counts(cfg), param_counts(cfg, active=True)
     t, a = sum(total.values()), sum(active.values())
@@ -104,6 +114,7 @@ def report(cfg: ModelConfig) -> dict[str, Any]:
         },
         "max_seq_len": cfg.max_seq_len,
         "cache": cache_accounting(cfg),
+        "training_bytes": training_memory(cfg),
     }
 
 
@@ -137,6 +148,8 @@ def format_report(r: dict[str, Any], name: str) -> str:
         f"  exact: total {r['total_params']:,}  active {r['active_params']:,}",
         f"  sparsity: {r['sparsity']:.2%} of parameters idle per token "
         f"(routed experts: {r['routed_sparsity']:.2%})",
+        f"  training memory: {_bytes(r['training_bytes']['total'])} before activations "
+        "(weights + gradients + AdamW moments)",
         "",
     ]
     c = r["cache"]
@@ -162,15 +175,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        if args.config:
-            cfg, name = ModelConfig.load(args.config), args.config
-        else:
-            name = args.preset or "tiny"
-            cfg = preset(name)
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"longmoe inspect: {e}", file=sys.stderr)
-        return 2
+    if args.config:
+        cfg, name = ModelConfig.load(args.config), args.config
+    else:
+        name = args.preset or "tiny"
+        cfg = preset(name)
     r = report(cfg)
     print(json.dumps({"name": name, **r}, indent=2) if args.json else format_report(r, name))
     return 0

@@ -1,4 +1,5 @@
-"""Process-level CPU runtime tuning: keep freed memory for reuse instead of returning it to the kernel.
+"""Process-level CPU runtime: keep freed memory for reuse instead of returning it to the kernel, and
+how much memory is left to allocate.
 
 PyTorch's CPU allocator is plain ``malloc``. glibc serves every block above its mmap threshold (at most
 32 MB) with a fresh ``mmap`` and unmaps it on free, so a tensor that size is page-faulted in (and
@@ -51,3 +52,32 @@ def retain_freed_memory(force: bool = False) -> bool:
     ok = mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
     _applied = ok
     return ok
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process can still allocate: ``MemAvailable`` (free + reclaimable cache) capped by
+    the cgroup limit, else the physical total from ``sysconf``; None where none is known."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024  # kB
+                    break
+    except (OSError, ValueError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):  # not POSIX, or the names are unknown
+            return None
+    try:  # a container's limit (cgroup v2) can be far below the machine's memory
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            avail = min(avail, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return avail

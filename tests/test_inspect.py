@@ -82,3 +82,16 @@ def test_cli_json_and_text(capsys, tmp_path):
     (tmp_path / "bad.json").write_text('{"d_model": -1}')
     assert main(["inspect", "--config", str(tmp_path / "bad.json")]) == 2
     assert "d_model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["tiny", "small", "flagship"])
+def test_training_memory_counts_four_copies_of_the_weights(name, capsys):
+    """Weights, gradients and AdamW's two moments, each in the config's dtype; shown by the command."""
+    from longmoe.cli import main
+
+    cfg = preset(name)
+    m = report(cfg)["training_bytes"]
+    per_copy = report(cfg)["total_params"] * {"float32": 4, "bfloat16": 2}[cfg.dtype]
+    assert m == {"weights": per_copy, "gradients": per_copy, "optimizer": 2 * per_copy, "total": 4 * per_copy}
+    assert main(["inspect", "--preset", name]) == 0
+    assert "training memory: " in capsys.readouterr().out

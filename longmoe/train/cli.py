@@ -10,18 +10,21 @@ import sys
 from pathlib import Path
 
 from longmoe import checkpoint as ckpt
+from longmoe.argtypes import positive_float, positive_int
 from longmoe.config import ConfigError, ModelConfig, load_json, preset
-from longmoe.data.corpus import DataError
 from longmoe.data.stages import CurriculumStage, tiny_curriculum
 from longmoe.data.tokenizer import Tokenizer
+from longmoe.errors import UserError
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import render
-from longmoe.train.pretrain import Trainer, train_tokenizer
+from longmoe.train.pretrain import Trainer, check_memory, config_differences, train_tokenizer
+
+DEFAULT_PRESET = "tiny"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--preset", default="tiny", help="model preset (tiny, tiny-dense, small); default tiny")
+    g.add_argument("--preset", help=f"model preset (tiny, tiny-dense, small); default {DEFAULT_PRESET}")
     g.add_argument("--config", type=Path, help="model config.json (overrides --preset)")
     g = p.add_argument_group("data")
     g.add_argument(
@@ -46,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--train-config", type=Path, help="train_config.json (curriculum + optimiser settings)")
     g.add_argument(
         "--scale",
-        type=float,
+        type=positive_float,
         default=1.0,
         help="multiply every stage's token budget (default curriculum only)",
     )
@@ -56,12 +59,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, help="seed for weights, data order and sampling")
     g.add_argument("--bf16", action="store_true", help="bf16 autocast for the forward pass")
     g.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
-    g.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (checkpoint included)")
+    g.add_argument(
+        "--max-steps", type=positive_int, help="stop after this many optimizer steps (checkpoint included)"
+    )
     g = p.add_argument_group("run")
     g.add_argument(
         "--run-dir", type=Path, default=Path("runs/train"), help="output directory (default runs/train)"
     )
-    g.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --run-dir from its newest complete checkpoint",
+    )
     g.add_argument("--ckpt-every", type=int, help="optimizer steps between checkpoints (0: only at the end)")
     g.add_argument("--eval-every", type=int, help="optimizer steps between validation passes")
     g.add_argument("--keep-last", type=int, help="complete checkpoints to keep")
@@ -105,18 +114,40 @@ def build_model_config(args: argparse.Namespace) -> ModelConfig:
         if not args.config.is_file():
             raise FileNotFoundError(f"--config: file not found: {args.config}")
         return ModelConfig.load(args.config)
-    return preset(args.preset)
+    return preset(args.preset or DEFAULT_PRESET)
+
+
+def check_resumable(args: argparse.Namespace) -> None:
+    """``--resume`` needs an existing run, and a --config/--preset given with it must be the run's."""
+    run_cfg = args.run_dir / ckpt.CONFIG_FILE
+    if not args.run_dir.is_dir():
+        raise UserError(
+            f"--resume: run directory {args.run_dir} does not exist (drop --resume to start a run)"
+        )
+    if not run_cfg.is_file():
+        raise UserError(f"--resume: {args.run_dir} is not a training run (no {ckpt.CONFIG_FILE})")
+    if args.config is not None or args.preset is not None:
+        given = build_model_config(args)
+        diff = config_differences(ModelConfig.load(run_cfg).to_dict(), given.to_dict())
+        if diff:
+            what = f"--config {args.config}" if args.config is not None else f"--preset {args.preset}"
+            raise UserError(
+                f"--resume: {what} differs from the run's {run_cfg} in {', '.join(diff)} "
+                "(a resumed run keeps its own config; drop the flag or use another --run-dir)"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
-        if args.resume and (args.run_dir / ckpt.CONFIG_FILE).exists():
+        if args.resume:
+            check_resumable(args)
             trainer = Trainer(
                 args.run_dir, resume=True, progress=not args.no_progress, max_steps=args.max_steps
             )
         else:
             mcfg, tcfg = build_model_config(args), build_train_config(args)
+            check_memory(mcfg)  # before minutes of tokenizer training, not after
             if args.tokenizer is not None:
                 tok = Tokenizer.from_file(args.tokenizer)
             else:
@@ -126,9 +157,10 @@ def run(args: argparse.Namespace) -> int:
                 args.run_dir, mcfg, tcfg, tok, progress=not args.no_progress, max_steps=args.max_steps
             )
         summary = trainer.fit()
-    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
-        print(f"longmoe train: error: {e}", file=sys.stderr)
-        return 2
+    except UserError:
+        raise
+    except ValueError as e:  # validation below the config layer (data mixes, packing) raises ValueError
+        raise UserError(str(e)) from e
     if not args.no_plots:
         render(args.run_dir)
     print(json.dumps(summary))

@@ -34,8 +34,11 @@ from longmoe.config import IGNORE_INDEX, ConfigError, ModelConfig
 from longmoe.data.corpus import corpus_texts
 from longmoe.data.curriculum import Curriculum, val_batches
 from longmoe.data.tokenizer import Tokenizer
+from longmoe.inspect import training_memory
 from longmoe.model import LongMoE
+from longmoe.runtime import available_memory_bytes
 from longmoe.train.config import TrainConfig
+from longmoe.train.plots import read_metrics_lines
 
 MAX_BAD_STEPS = 8  # consecutive non-finite-gradient steps before training stops with an error
 
@@ -108,6 +111,31 @@ def check_fits(cfg: ModelConfig, tok: Tokenizer) -> None:
         )
 
 
+def check_memory(cfg: ModelConfig, available: int | None = None) -> None:
+    """Refuse a model whose weights, gradients and AdamW moments alone exceed the memory left
+    (``available``: bytes, default measured now) instead of failing deep inside an allocation."""
+    need = training_memory(cfg)["total"]
+    have = available_memory_bytes() if available is None else available
+    if have is not None and need > have:
+        raise ConfigError(
+            f"this model needs at least {need / 2**30:,.1f} GiB to train (weights, gradients and AdamW "
+            f"moments in {cfg.dtype}, before activations) but only {have / 2**30:,.1f} GiB of memory is "
+            "available: choose a smaller preset or config (`longmoe inspect` shows the accounting)"
+        )
+
+
+def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted names of the fields whose values differ between two config dicts (nested ones too)."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += config_differences(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}")
+    return out
+
+
 # ---------------------------------------------------------------------------------------- trainer
 class Trainer:
     """Builds (or resumes) a run and trains it; ``fit()`` runs to the end of the curriculum."""
@@ -136,6 +164,9 @@ class Trainer:
         if model_cfg is None or train_cfg is None or tokenizer is None:
             raise ValueError(f"run {self.run_dir}: a new run needs a model config, train config, tokenizer")
         check_fits(model_cfg, tokenizer)
+        check_memory(model_cfg)
+        if restored is not None:
+            self._check_checkpoint_config(restored[0], model_cfg)
         self.mcfg, self.tcfg, self.tok = model_cfg, train_cfg, tokenizer
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if not existing:
@@ -173,6 +204,16 @@ class Trainer:
             "curriculum": self.curriculum.state(),
         }
 
+    def _check_checkpoint_config(self, path: Path, cfg: ModelConfig) -> None:
+        """A checkpoint copied in from another run would fail to load (or load into the wrong model)."""
+        theirs = json.loads((path / ckpt.CONFIG_FILE).read_text())
+        diff = config_differences(cfg.to_dict(), theirs)
+        if diff:
+            raise ckpt.CheckpointError(
+                f"checkpoint {path} comes from another config: its {ckpt.CONFIG_FILE} differs from "
+                f"{self.run_dir / ckpt.CONFIG_FILE} in {', '.join(diff)}"
+            )
+
     def _restore(self, path: Path, state: dict[str, Any]) -> None:
         ckpt.load_weights(self.model, path)
         self.opt.load_state_dict(state["optimizer"])
@@ -188,8 +229,7 @@ class Trainer:
         f = self.run_dir / ckpt.METRICS
         if not f.exists():
             return
-        lines = [ln for ln in f.read_text().splitlines() if ln.strip()]
-        keep = [ln for ln in lines if json.loads(ln).get("step", 0) <= step]
+        keep = [ln for ln in read_metrics_lines(f) if json.loads(ln).get("step", 0) <= step]
         f.write_text("".join(ln + "\n" for ln in keep))
 
     def save(self) -> Path:

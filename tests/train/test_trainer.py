@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -10,12 +11,14 @@ import pytest
 import torch
 from trainutil import small_train_config
 
-from longmoe.config import ConfigError
+from longmoe.checkpoint import CheckpointError
+from longmoe.config import ConfigError, preset
 from longmoe.data.corpus import DataError
 from longmoe.data.stages import CurriculumStage
+from longmoe.inspect import param_counts, training_memory
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import read_metrics, render
-from longmoe.train.pretrain import Trainer, lr_at, param_groups
+from longmoe.train.pretrain import Trainer, check_memory, config_differences, lr_at, param_groups
 
 
 def losses(run_dir):
@@ -246,3 +249,50 @@ def test_train_config_type_errors_name_file_field_and_type(tmp_path):
     f.write_text(json.dumps(d))
     with pytest.raises(ConfigError, match=r"unknown config field\(s\) \['stages\[0\].windows'\]"):
         TrainConfig.load(f)
+
+
+CRASH_TAILS = ['{"step": 5, "loss": 3.1', "{", '{"step": 5, "lo\n', "\x00\x00\x00", "[1,", "5"]
+
+
+@pytest.mark.parametrize("tail", CRASH_TAILS)
+def test_truncated_metrics_line_is_dropped_with_a_warning(tmp_path, tail, caplog):
+    lines = [json.dumps({"step": i, "loss": 1.0}) for i in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n" + tail)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    assert "truncated last line" in caplog.text
+
+
+def test_truncated_metrics_line_after_a_crash_resumes(tmp_path, mcfg, tcfg, tok):
+    """A process killed mid-write leaves a partial last line in metrics.jsonl: a resume drops it and
+    goes on (that a resume reproduces the uninterrupted losses is tested above)."""
+    Trainer(tmp_path / "r", mcfg, tcfg, tok, progress=False, max_steps=1).fit()
+    with open(tmp_path / "r/metrics.jsonl", "a") as f:
+        f.write(CRASH_TAILS[0])
+    Trainer(tmp_path / "r", resume=True, progress=False, max_steps=2).fit()
+    lines = (tmp_path / "r/metrics.jsonl").read_text().splitlines()
+    assert [json.loads(ln)["step"] for ln in lines] == [1, 2]
+
+
+def test_resume_refuses_a_checkpoint_from_another_config(tmp_path, mcfg, tcfg, tok):
+    Trainer(tmp_path / "r", mcfg, tcfg, tok, progress=False, max_steps=1).fit()
+    other = mcfg.replace(d_model=96, ffn=dataclasses.replace(mcfg.ffn, top_k=3))
+    other.save(tmp_path / "r/config.json")  # as if the run's checkpoints had been copied from another run
+    with pytest.raises(CheckpointError, match=r"another config.* in d_model, ffn\.top_k$"):
+        Trainer(tmp_path / "r", resume=True, progress=False)
+
+
+def test_config_differences_names_nested_fields():
+    a = {"d_model": 64, "ffn": {"top_k": 2, "n_experts": 8}, "x": 1}
+    assert config_differences(a, a) == []
+    b = {"d_model": 64, "ffn": {"top_k": 3, "n_experts": 8}, "y": 1}
+    assert config_differences(a, b) == ["ffn.top_k", "x", "y"]
+
+
+def test_a_model_too_large_for_memory_is_refused_before_allocation(mcfg):
+    need = training_memory(mcfg)["total"]
+    assert need == 4 * sum(param_counts(mcfg).values()) * 4  # fp32 weights, grads, two AdamW moments
+    check_memory(mcfg, available=need)
+    with pytest.raises(ConfigError, match=r"needs at least .* GiB to train .* only 0\.0 GiB"):
+        check_memory(mcfg, available=need - 1)
+    with pytest.raises(ConfigError, match="GiB"):  # the flagship on any machine this runs on
+        check_memory(preset("flagship"))
