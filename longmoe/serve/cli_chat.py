@@ -2,6 +2,7 @@
 
 Reads one user message per line from stdin (so it also works piped: ``echo hi | longmoe chat ...``).
 Commands: ``/reset`` clears the history, ``/system TEXT`` sets the system message, ``/exit`` quits.
+Ctrl-C stops the reply being generated (or clears the prompt line) and keeps the session; Ctrl-D quits.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
         params = _params(args)
         engine = engine_from_args(args)
     except (SamplingError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"longmoe chat: error: {e}", file=sys.stderr)
         return 2
     tty = sys.stdin.isatty()
     system = args.system
@@ -37,7 +38,11 @@ def run(args: argparse.Namespace) -> int:
         while True:
             if tty:
                 print("you> ", end="", flush=True)
-            line = sys.stdin.readline()
+            try:
+                line = sys.stdin.readline()
+            except KeyboardInterrupt:  # Ctrl-C at the prompt: a fresh prompt, the session stays
+                print()
+                continue
             if not line:
                 break
             msg = line.rstrip("\n")
@@ -59,12 +64,18 @@ def run(args: argparse.Namespace) -> int:
                 h = engine.submit(engine.encode_chat(messages), params)
             except EngineError as e:
                 history.pop()
-                print(f"error: {e}", file=sys.stderr)
+                print(f"longmoe chat: error: {e}", file=sys.stderr)
                 continue
             print("assistant> ", end="", flush=True)
-            for ev in h.events():
-                if ev.delta:
-                    print(ev.delta, end="", flush=True)
+            try:
+                for ev in h.events():
+                    if ev.delta:
+                        print(ev.delta, end="", flush=True)
+            except KeyboardInterrupt:  # Ctrl-C while generating: drop this turn, keep the session
+                h.cancel()
+                history.pop()
+                print("\n[interrupted]")
+                continue
             print()
             reply = h.completion.text if h.completion is not None else ""
             history.append({"role": "assistant", "content": reply})
