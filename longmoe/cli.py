@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         print(file=sys.stderr)  # end the line the ^C was echoed on
         return EXIT_INTERRUPTED
     except (UserError, OSError) as e:
-        print(f"longmoe {command}: error: {e}", file=sys.stderr)
+        message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())  # one line
+        print(f"longmoe {command}: error: {message or type(e).__name__}", file=sys.stderr)
         return EXIT_USAGE
 
 

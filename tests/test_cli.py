@@ -17,6 +17,7 @@ from longmoe import __version__
 from longmoe.cli import main
 from longmoe.config import preset
 from longmoe.data.tokenizer import tokenizer_for_tests
+from longmoe.errors import UserError
 from longmoe.train.config import CurriculumStage, TrainConfig
 from longmoe.train.pretrain import Trainer
 
@@ -203,3 +204,21 @@ def test_closed_stdout_is_quiet():
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 1
     assert err == "", err
+
+
+@pytest.mark.parametrize(
+    ("exc", "line"),
+    [
+        (UserError("bad value\n  in field x\n"), "bad value in field x"),
+        (FileNotFoundError("data file not found: a.txt"), "data file not found: a.txt"),
+        (PermissionError(13, "Permission denied", "runs/x"), "[Errno 13] Permission denied: 'runs/x'"),
+        (UserError(""), "UserError"),
+    ],
+)
+def test_user_error_messages_become_exactly_one_line(monkeypatch, capsys, exc, line):
+    def fails(args):
+        raise exc
+
+    monkeypatch.setattr(longmoe.cli, "run", fails)
+    assert main(["version"]) == 2
+    assert capsys.readouterr().err == f"longmoe version: error: {line}\n"
