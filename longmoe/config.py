@@ -145,8 +145,8 @@ def load_json(path: str | Path) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:  # a binary file is not JSON either
         raise ConfigError(f"{path} is not valid JSON: {e}") from e
 
 
