@@ -27,7 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("longmoe.inspect", "parameter, sparsity and cache-memory accounting for a config"),
     "train": ("longmoe.train.cli", "pretrain a model through a context curriculum"),
     "plot": ("longmoe.train.plots", "render loss/balance plots for a training run directory"),
-    "demo": ("longmoe.train.demo", "end-to-end demo: tokenizer, curriculum pretraining, eval, report"),
+    "demo": (
+        "longmoe.pipelines.demo.cli",
+        "end-to-end demo: tokenizer, curriculum pretraining, eval, report",
+    ),
     "generate": ("longmoe.serve.cli_generate", "generate text from a prompt, streamed to the terminal"),
     "chat": ("longmoe.serve.cli_chat", "interactive chat REPL using the tokenizer's chat template"),
     "serve": ("longmoe.serve.cli_serve", "OpenAI-compatible HTTP server"),

@@ -156,19 +156,6 @@ def test_bf16_autocast_and_grad_accum_train(tmp_path, mcfg, tok):
     assert recs[0]["tokens"] == 2 * 4 * 64  # two batches of 4 windows of 64 per optimizer step
 
 
-@pytest.mark.slow
-def test_demo_end_to_end(tmp_path):
-    from longmoe.cli import main
-
-    assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--scale", "0.02", "--no-progress"]) == 0
-    rep = json.loads((tmp_path / "demo/report.json").read_text())
-    assert [e["length"] for e in rep["eval"]] == [256, 1024, 4096, 8192]
-    assert all(math.isfinite(e["val_loss"]) and e["unigram_loss"] > 0 for e in rep["eval"])
-    md = (tmp_path / "demo/report.md").read_text()
-    assert "unigram baseline" in md and "![loss.png](loss.png)" in md
-    assert (tmp_path / "demo/loss.png").is_file() and (tmp_path / "demo/final/model.safetensors").is_file()
-
-
 def _poison(tr, steps):
     """Make the gradient of one parameter NaN during the given (0-based) optimizer steps."""
     p = next(tr.model.parameters())

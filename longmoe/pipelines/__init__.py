@@ -1,0 +1,15 @@
+"""Pipelines: end-to-end runs that chain the stages below (tokenizer, training, serving, evaluation).
+
+A pipeline is a package with
+
+- ``config.py``: a typed, validated config (a dataclass) — what to run;
+- ``run.py``: the run itself, config in, a typed result (dataclasses, in ``result.py``) out;
+  every pipeline resumes: finished steps leave files that a rerun reads instead of redoing the work;
+- ``report.py``: renders a result to Markdown, JSON and plots, with no training or evaluation in it;
+- a command line entry (a ``longmoe`` command or ``python -m longmoe.pipelines.<name>``).
+
+Today: ``demo`` (``longmoe demo``: tokenizer → curriculum pretraining → eval → report) and
+``longctx_tiny`` (``python -m longmoe.pipelines.longctx_tiny``: the layer-pattern ablation trained short
+and tested long). The SFT, RL and vision runs to come are pipelines too. Pipelines may import every
+other part of longmoe; nothing outside this package imports a pipeline.
+"""
