@@ -1,9 +1,8 @@
-"""``python -m longmoe.recipes.longctx_tiny``: train L / M / LLLM at equal size and tokens, eval long."""
+"""``python -m longmoe.pipelines.longctx_tiny``: train L / M / LLLM at equal size and tokens, eval long."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -11,19 +10,17 @@ import sys
 import time
 from pathlib import Path
 
-from longmoe.recipes.longctx_tiny import (
-    CONFIG_FILE,
-    RecipeConfig,
-    compare,
-    eval_one,
-    model_config,
-    n_params,
-    train_one,
-)
+import torch
+
+from longmoe.pipelines.longctx_tiny.config import CONFIG_FILE, RecipeConfig
+from longmoe.pipelines.longctx_tiny.run import load_tokenizer, run_recipe
+from longmoe.runtime import retain_freed_memory
+
+MODULE = "longmoe.pipelines.longctx_tiny"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m longmoe.recipes.longctx_tiny", description=__doc__)
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
     p.add_argument(
         "--config", type=Path, default=CONFIG_FILE, help="recipe settings (default: config.json here)"
     )
@@ -48,12 +45,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
-    from longmoe.data.tokenizer import Tokenizer
-    from longmoe.runtime import retain_freed_memory
-    from longmoe.train.pretrain import train_tokenizer
-
     args = parse_args(argv)
     retain_freed_memory()  # big logits/gradient blocks reuse heap memory instead of page-faulting
     if args.threads:
@@ -73,50 +64,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         print(f"longctx_tiny: error: --jobs={args.jobs}: expected an integer >= 1", file=sys.stderr)
         return 2
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    tok_file = out / "tokenizer.json"
-    if tok_file.is_file():
-        tok = Tokenizer.from_file(tok_file)
-    else:
-        print(f"training a {rc.tokenizer_vocab}-token BPE on {rc.tokenizer_chars:,} characters of the corpus")
-        tok = train_tokenizer(rc.tokenizer_vocab, max_chars=rc.tokenizer_chars)
-        tok.save(tok_file)
+    args.out.mkdir(parents=True, exist_ok=True)
+    load_tokenizer(rc, args.out)  # once, before the children that share it start
     if args.jobs > 1 and len(rc.patterns) > 1:
         rc_failed = run_parallel(args, rc.patterns)
         if rc_failed:
             return rc_failed
-        # every pattern is now trained and evaluated: the loop below only loads results and reports
-    (out / "recipe_config.json").write_text(json.dumps(rc.__dict__, indent=2) + "\n")
-    target = n_params(model_config(rc, rc.reference_pattern))
-    cfgs = {p: model_config(rc, p, target) for p in rc.patterns}
-    for p, c in cfgs.items():
-        n = n_params(c)
-        rel = (n - target) / target
-        print(
-            f"pattern {p}: {n:,} parameters ({rel:+.3%} vs {rc.reference_pattern}), "
-            f"dense_hidden {c.ffn.dense_hidden}"
-        )
-    trained, evals = {}, {}
-    for p, cfg in cfgs.items():
-        run_dir = out / f"pattern-{p}"
-        t0 = time.time()
-        trained[p] = train_one(rc, cfg, tok, run_dir, progress=not args.no_progress)
-        print(
-            f"pattern {p}: trained {trained[p].get('tokens', 0):,} tokens ({time.time() - t0:.0f} s this run)"
-        )
-        if not args.skip_eval:
-            t0 = time.time()
-            evals[p] = eval_one(rc, run_dir, progress=not args.no_progress)
-            print(f"pattern {p}: evaluated in {time.time() - t0:.0f} s")
-    if evals:
-        print(compare(rc, out, trained, evals))
+        # every pattern is now trained and evaluated: the run below only loads results and reports
+    run_recipe(rc, args.out, progress=not args.no_progress, skip_eval=args.skip_eval)
     return 0
 
 
 def pattern_command(args: argparse.Namespace, pattern: str, threads: int) -> list[str]:
     """The command line that runs this recipe for one pattern (what ``--jobs`` starts per pattern)."""
-    cmd = [sys.executable, "-m", "longmoe.recipes.longctx_tiny", "--config", str(args.config)]
+    cmd = [sys.executable, "-m", MODULE, "--config", str(args.config)]
     cmd += ["--out", str(args.out), "--patterns", pattern, "--threads", str(threads), "--no-progress"]
     for name in ("tokens", "window", "eval_n", "eval_multiples"):
         value = getattr(args, name)

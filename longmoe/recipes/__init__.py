@@ -1,1 +1,0 @@
-"""Recipes: end-to-end experiments runnable as ``python -m longmoe.recipes.<name>``."""
