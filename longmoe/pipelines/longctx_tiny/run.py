@@ -19,7 +19,7 @@ from longmoe.checkpoint import METRICS
 from longmoe.config import ModelConfig, preset
 from longmoe.data.mix import SYNTHETIC_TASKS
 from longmoe.data.stages import CurriculumStage
-from longmoe.data.tokenizer import Tokenizer
+from longmoe.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from longmoe.eval import runner
 from longmoe.eval.clients import LocalClient
 from longmoe.eval.plots import plot_run
@@ -34,7 +34,6 @@ from longmoe.train.pretrain import Trainer, train_tokenizer
 
 DONE_FILE = "recipe_done.json"
 CONFIG_OUT = "recipe_config.json"
-TOKENIZER_FILE = "tokenizer.json"
 
 
 def pattern_dir(out: Path, pattern: str) -> Path:
