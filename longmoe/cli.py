@@ -1,15 +1,14 @@
 """The single entry point: ``longmoe <command>``.
 
 Each command lives in its own module, which defines ``add_arguments(parser)`` and ``run(args) -> int``.
-Modules are imported only when their command is used, so ``longmoe --help`` stays fast and a command
-whose optional pieces are missing does not break the others.
+Modules are imported only when their command is used, so ``longmoe --help`` stays fast (the serving
+stack, matplotlib and the trainer are not loaded to print a help line).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
 import sys
 
@@ -47,15 +46,6 @@ def run(args: argparse.Namespace) -> int:  # the `version` command
     return 0
 
 
-def _available() -> dict[str, tuple[str, str]]:
-    """Commands whose module can be found (later work adds modules; missing ones are hidden)."""
-    out = {}
-    for name, (mod, help_) in COMMANDS.items():
-        if importlib.util.find_spec(mod) is not None:
-            out[name] = (mod, help_)
-    return out
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="longmoe",
@@ -63,7 +53,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"longmoe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
-    for name, (mod, help_) in _available().items():
+    for name, (mod, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == command:  # only import the module of the command being run
             m = importlib.import_module(mod)

@@ -1,5 +1,6 @@
 """The CLI entry point: `longmoe --help`, `longmoe version`, and `python -m longmoe` are one CLI."""
 
+import importlib
 import json
 import random
 import shutil
@@ -14,7 +15,7 @@ from tokenizers import models
 
 import longmoe.cli
 from longmoe import __version__
-from longmoe.cli import main
+from longmoe.cli import COMMANDS, main
 from longmoe.config import preset
 from longmoe.data.stages import CurriculumStage
 from longmoe.data.tokenizer import tokenizer_for_tests
@@ -32,6 +33,15 @@ def test_help_lists_commands(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
     assert "version" in out and "<command>" in out
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_module_imports_and_has_its_help(command, capsys):
+    """No command is hidden when its module fails to import: each one builds its parser and --help works."""
+    module = importlib.import_module(COMMANDS[command][0])
+    assert callable(module.add_arguments) and callable(module.run)
+    assert main([command, "--help"]) == 0
+    assert f"longmoe {command}" in capsys.readouterr().out
 
 
 def test_python_dash_m_is_the_same_cli():
