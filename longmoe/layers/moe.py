@@ -10,9 +10,16 @@ Routed experts are stored as 3-D tensors (``w_in [E, ℓ, 2f]`` gate|up fused, `
 expert parallelism can shard dimension 0. Dispatch is dropless (``ops/moe``). Balancer state
 (bias, the windowed load ring, the current step's counts) lives in persistent buffers, so a checkpoint
 of ``state_dict()`` resumes balancing exactly.
+
+Two seams let ``distributed/expert_parallel.py`` parallelise the layer from outside (the model never
+imports ``torch.distributed``): ``expert_dispatch`` replaces the local routed-expert call with an
+all-to-all over expert-parallel ranks, and ``reduce_balance_stats`` sums the step's balancer statistics
+over the ranks before ``update_balance`` folds them. Both are ``None`` (local) by default.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +32,11 @@ from longmoe.ops.moe import combine_weights, dispatch_experts, route, selected_l
 
 PARAM_KEYS = ("router", "latent_proj", "routed_experts", "shared_experts")
 ENTROPY_TOKENS = 512  # tokens per forward the router-entropy metric is estimated on
+
+# (z [N, ℓ], idx [N, k], weights [N, k], w_in [E, ℓ, 2f], w_out [E, f, ℓ]) -> y [N, ℓ]
+ExpertDispatch = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]
 
 
 class MoELayer(nn.Module):
@@ -58,6 +70,9 @@ class MoELayer(nn.Module):
         self.register_buffer("step_entropy", torch.zeros(2))  # [Σ token entropy, tokens] since last update
         self.register_buffer("last_entropy", torch.zeros(()))
         self.aux_loss: torch.Tensor = torch.zeros(())
+        # seams (see the module docstring): None = this process only
+        self.expert_dispatch: ExpertDispatch | None = None
+        self.reduce_balance_stats: Callable[[torch.Tensor], None] | None = None  # sums [E + 2] in place
         self.reset_parameters(init_std)
 
     def reset_parameters(self, std: float = 0.02) -> None:
@@ -104,7 +119,10 @@ class MoELayer(nn.Module):
         # under autocast z arrives in bf16: run the experts in z's dtype (a differentiable cast, as
         # autocast does for nn.Linear), since the custom-autograd dispatch writes into z-typed buffers
         w_in, w_out = self.w_in.to(z.dtype), self.w_out.to(z.dtype)
-        y = dispatch_experts(z, idx, w.to(z.dtype), w_in, w_out, cfg.glu, self.impl)  # [N, ℓ]
+        if self.expert_dispatch is None:
+            y = dispatch_experts(z, idx, w.to(z.dtype), w_in, w_out, cfg.glu, self.impl)  # [N, ℓ]
+        else:
+            y = self.expert_dispatch(z, idx, w.to(z.dtype), w_in, w_out)  # [N, ℓ]
         if self.up is not None:
             y = self.up(y)  # [N, d]
         if self.shared is not None:
@@ -137,6 +155,11 @@ class MoELayer(nn.Module):
     def update_balance(self) -> None:
         """After an optimizer step: fold the step's counts into the window, move the bias, reset counts."""
         cfg = self.cfg
+        if self.reduce_balance_stats is not None:  # every rank folds the same (global) counts
+            stats = torch.cat([self.step_counts, self.step_entropy])  # [E + 2]
+            self.reduce_balance_stats(stats)
+            self.step_counts.copy_(stats[: cfg.n_experts])
+            self.step_entropy.copy_(stats[cfg.n_experts :])
         pos = int(self.window_pos)
         self.load_window[pos] = self.step_counts
         self.window_pos.fill_((pos + 1) % cfg.balance_window)
