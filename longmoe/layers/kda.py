@@ -99,16 +99,7 @@ class KDALayer(nn.Module):
     ) -> torch.Tensor:
         """``x [B, T, d]``; ``state`` (updated in place) continues a cached sequence."""
         B, T, _ = x.shape
-        H, K, V = self.H, self.K, self.V
-        qkv, beta, gate_in, out_gate = self.in_proj(x).split(self.splits, dim=-1)
-        qkv, tail = _causal_conv(qkv, self.conv_weight, None if state is None else state.conv, packing)
-        q, k, v = F.silu(qkv).view(B, T, 3, H, K).unbind(2)  # [B, T, H, K] each
-        q = F.normalize(q, dim=-1)
-        k = F.normalize(k, dim=-1)
-        beta = torch.sigmoid(beta.float())  # [B, T, H]
-        h = self.gate_up(gate_in).float().view(B, T, H, K)
-        A = self.A.float()
-        g = bounded_decay(h, A, self.g_min) if self.gate_kind == "bounded" else softplus_decay(h, A)
+        q, k, v, g, beta, out_gate, tail = self.features(x, None if state is None else state.conv, packing)
         # the operator chooses its own precision (fp32 state and scan for bf16 inputs): keep autocast out
         with torch.autocast(device_type=x.device.type, enabled=False):
             if state is not None and T == 1:  # decode: one step of the recurrence
@@ -130,6 +121,33 @@ class KDALayer(nn.Module):
                 )  # [B, T, H, V]
         if state is not None:
             state.state, state.conv = new_state, tail.detach()
+        return self.output(o, out_gate)
+
+    def features(
+        self, x: torch.Tensor, conv_tail: torch.Tensor | None, packing: Packing | None
+    ) -> tuple[torch.Tensor, ...]:
+        """The operator's inputs for ``x [B, T, d]`` (after ``conv_tail [B, W-1, C]``, None = zeros).
+
+        Returns ``(q, k [B, T, H, K] L2-normalised, v [B, T, H, V], g [B, T, H, K] fp32 log-decay,
+        β [B, T, H] fp32, output gate [B, T, H·V], new conv tail [B, W-1, C])``. Packed documents mask
+        the conv taps with ``packing.doc_pos``. (Also the seam context parallelism builds on.)
+        """
+        B, T, _ = x.shape
+        H, K = self.H, self.K
+        qkv, beta, gate_in, out_gate = self.in_proj(x).split(self.splits, dim=-1)
+        qkv, tail = _causal_conv(qkv, self.conv_weight, conv_tail, packing)
+        q, k, v = F.silu(qkv).view(B, T, 3, H, K).unbind(2)  # [B, T, H, K] each
+        q = F.normalize(q, dim=-1)
+        k = F.normalize(k, dim=-1)
+        beta = torch.sigmoid(beta.float())  # [B, T, H]
+        h = self.gate_up(gate_in).float().view(B, T, H, K)
+        A = self.A.float()
+        g = bounded_decay(h, A, self.g_min) if self.gate_kind == "bounded" else softplus_decay(h, A)
+        return q, k, v, g, beta, out_gate, tail
+
+    def output(self, o: torch.Tensor, out_gate: torch.Tensor) -> torch.Tensor:
+        """``o_proj(RMSNorm(o) ⊙ sigmoid(gate))``: operator output ``o [B, T, H, V]`` -> ``[B, T, d]``."""
+        B, T, H, V = o.shape
         o = self.out_norm(o, out_gate.view(B, T, H, V))
         return self.o_proj(o.reshape(B, T, H * V))  # [B, T, d]
 

@@ -70,10 +70,8 @@ class MLALayer(nn.Module):
     ) -> torch.Tensor:
         """``x [B, T, d]``. With ``state`` the new latents are appended after ``seq_lens [B]`` per row."""
         B, T, _ = x.shape
-        H, Dq, Dv = self.H, self.Dq, self.Dv
-        q_lat, c, gate = self.in_proj(x).split(self.splits, dim=-1)
-        q = self.q_up(self.q_norm(q_lat)).view(B, T, H, Dq).transpose(1, 2)  # [B, H, T, Dq]
-        c = self.kv_norm(c)  # [B, T, d_c]
+        H = self.H
+        q, c, gate = self.project(x)  # [B, H, T, Dq], [B, T, d_c], [B, T, H*Dv]
         mask, causal = None, False
         if state is None:
             ctx = c  # [B, S=T, d_c]
@@ -83,9 +81,7 @@ class MLALayer(nn.Module):
             ctx, mask = self._append(state, c, seq_lens)  # [B, S, d_c], [B, 1, T, S] or None
             path = self.decode_path
         if path == "naive":
-            k, v = self.kv_up(ctx).split((H * Dq, H * Dv), dim=-1)  # [B, S, H*Dq], [B, S, H*Dv]
-            k = k.view(B, -1, H, Dq).transpose(1, 2)  # [B, H, S, Dq]
-            v = v.view(B, -1, H, Dv).transpose(1, 2)  # [B, H, S, Dv]
+            k, v = self.expand_kv(ctx)  # [B, H, S, Dq], [B, H, S, Dv]
             if state is None and packing is not None:  # per document, no [T, T] mask (ops/)
                 o = packed_causal_attention(q, k, v, packing.cu_seqlens, scale=self.scale)
             else:
@@ -102,6 +98,25 @@ class MLALayer(nn.Module):
             o = torch.einsum("bhtc,hvc->bhtv", o_lat, w_uv)  # [B, H, T, Dv]
         else:
             raise ValueError(f"decode_path: expected one of {DECODE_PATHS}, got {path!r}")
+        return self.output(o, gate)
+
+    # the three pieces around the attention (also the seam context parallelism builds on)
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x [B, T, d]`` -> ``(q [B, H, T, Dq], latent c [B, T, d_c], output gate [B, T, H·Dv])``."""
+        B, T, _ = x.shape
+        q_lat, c, gate = self.in_proj(x).split(self.splits, dim=-1)
+        q = self.q_up(self.q_norm(q_lat)).view(B, T, self.H, self.Dq).transpose(1, 2)  # [B, H, T, Dq]
+        return q, self.kv_norm(c), gate
+
+    def expand_kv(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head keys and values of latents ``ctx [B, S, d_c]``: ``([B, H, S, Dq], [B, H, S, Dv])``."""
+        B, H, Dq, Dv = ctx.shape[0], self.H, self.Dq, self.Dv
+        k, v = self.kv_up(ctx).split((H * Dq, H * Dv), dim=-1)  # [B, S, H*Dq], [B, S, H*Dv]
+        return k.view(B, -1, H, Dq).transpose(1, 2), v.view(B, -1, H, Dv).transpose(1, 2)
+
+    def output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """Gate the head outputs ``o [B, H, T, Dv]`` by ``sigmoid(gate)`` and project: ``[B, T, d]``."""
+        B, H, T, Dv = o.shape
         o = o.transpose(1, 2) * torch.sigmoid(gate).view(B, T, H, Dv)  # [B, T, H, Dv]
         return self.o_proj(o.reshape(B, T, H * Dv))
 
