@@ -3,13 +3,16 @@ and backward, with and without packed documents (including documents that cross 
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
 
 from longmoe.cache import Packing
 from longmoe.config import FFNConfig, ModelConfig
 from longmoe.distributed.context_parallel import apply_context_parallel
+from longmoe.distributed.expert_parallel import apply_expert_parallel
 from longmoe.layers.kda import KDALayer
 from longmoe.layers.mla import MLALayer
 from longmoe.model import LongMoE
@@ -68,12 +71,22 @@ def _call(m: torch.nn.Module, x: torch.Tensor, packing: Packing | None) -> torch
 
 
 def _grads_all_reduced(m: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Replicated parameters: the sum of every rank's contribution; expert shards (DTensor): as held."""
     out = {}
     for name, p in m.named_parameters():
+        if isinstance(p.grad, DTensor):
+            out[name] = p.grad.to_local()
+            continue
         g = p.grad.clone()
         dist.all_reduce(g)  # each rank holds its part's contribution
         out[name] = g
     return out
+
+
+def _ref_grad(ref: torch.nn.Module, name: str, like: torch.Tensor, rank: int) -> torch.Tensor:
+    g = ref.get_parameter(name).grad
+    n = like.shape[0]
+    return g if g.shape == like.shape else g[rank * n : (rank + 1) * n]  # an expert shard
 
 
 def _layer_matches_one_process(rank: int, world: int, kind: str) -> None:
@@ -137,7 +150,7 @@ def _model_matches_one_process(rank: int, world: int) -> None:
         ),
     )
     n = world * T
-    for cu in (None, [0, 7, T + 4, n]):
+    for cu, ep in ((None, False), ([0, 7, T + 4, n], False), ([0, 7, T + 4, n], True)):
         g = torch.Generator().manual_seed(2)
         ids = torch.randint(0, cfg.vocab_size, (1, n), generator=g)
         probe = torch.randn(1, n, cfg.vocab_size, generator=g)
@@ -150,15 +163,41 @@ def _model_matches_one_process(rank: int, world: int) -> None:
         torch.manual_seed(0)
         model = LongMoE(cfg)
         apply_context_parallel(model, dist.group.WORLD)
+        if ep:  # the same ranks also share the experts (parallelize's order: CP, then EP)
+            apply_expert_parallel(model, dist.group.WORLD)
         part = slice(rank * T, (rank + 1) * T)
         logits = model(ids[:, part], cu_seqlens=cu_t).logits  # global offsets; the hook localises them
         (logits * probe[:, part]).sum().backward()
         torch.testing.assert_close(logits, logits_ref[:, part].detach(), **TOL, msg=f"layout {cu}")
         for name, gr in _grads_all_reduced(model).items():
-            torch.testing.assert_close(gr, ref.get_parameter(name).grad, **TOL, msg=f"{cu}: {name}")
+            want = _ref_grad(ref, name, gr, rank)
+            torch.testing.assert_close(gr, want, **TOL, msg=f"{cu}, ep={ep}: {name}")
 
 
 def test_model_context_parallel_equals_one_process():
     """The whole tiny hybrid model (KDA, MLA, MoE, attention residuals) with one sequence split over
-    2 ranks: logits and every parameter gradient equal one process, with and without cu_seqlens."""
+    2 ranks: logits and every parameter gradient equal one process, with and without cu_seqlens, and
+    with the same 2 ranks also expert-parallel."""
     run_ranks(_model_matches_one_process)
+
+
+def _bad_calls_raise(rank: int, world: int) -> None:
+    m = _build("L")
+    cp = apply_context_parallel(m, dist.group.WORLD)
+    x = torch.randn(1, T, 32)
+    with pytest.raises(ValueError, match="call shard"):
+        m(x)  # no layout recorded
+    with pytest.raises(ValueError, match="global offsets"):
+        cp.shard(T, torch.tensor([0, 5, T]))  # local offsets where global ones are expected
+    cp.shard(T)
+    with pytest.raises(ValueError, match="cache is not supported"):
+        m(x, m.new_state(1, x.device, x.dtype))
+    with pytest.raises(ValueError, match="conv_size - 1"):
+        cp.shard(2)
+        m(x[:, :2])
+
+
+def test_context_parallel_rejects_bad_calls():
+    """A missing layout, local offsets given as global ones, a cache, or parts shorter than the conv
+    halo raise errors that say what to do."""
+    run_ranks(_bad_calls_raise)

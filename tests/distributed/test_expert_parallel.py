@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -59,6 +60,11 @@ def _ep_matches_local(rank: int, world: int, latent_ratio: int, impl: str) -> No
     (y * probe[rank]).sum().backward()
     torch.testing.assert_close(y, y_ref[rank].detach(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(xe.grad, xr.grad[rank], atol=1e-5, rtol=1e-5)
+
+    with pytest.raises(ValueError, match="divisible by the ep degree"):
+        apply_expert_parallel(MoELayer(D, FFNConfig(kind="moe", n_experts=5, top_k=2)), ep.w_in.device_mesh)
+    with pytest.raises(ValueError, match="already applied"):
+        apply_expert_parallel(ep, ep.w_in.device_mesh)
 
     # the latent payload: ℓ = d/α columns, one row per (token, slot) pair this rank routed
     assert ep.expert_dispatch.last_payload == (TOKENS * 3, D // latent_ratio)
