@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from longmoe.cache import KDAState, MLAState, Packing
-from longmoe.distributed.expert_parallel import MeshLike, apply_balance_sync, as_mesh
+from longmoe.distributed.expert_parallel import MeshLike, as_mesh
 from longmoe.layers.kda import KDALayer
 from longmoe.layers.mla import MLALayer
 from longmoe.model import LongMoE
@@ -206,7 +206,6 @@ def apply_context_parallel(model: nn.Module, cp_mesh: MeshLike) -> ContextParall
     """Split sequences over ``cp_mesh`` (a 1-D ``DeviceMesh`` or a ``ProcessGroup``) for every KDA and MLA
     layer of ``model`` (changed in place). On a ``LongMoE`` a forward pre-hook records each call's layout
     (``cu_seqlens`` are then the global offsets); on a bare layer call ``shard`` before each forward.
-    Also installs the balancer synchronisation (every rank routes different tokens).
     """
     device = next(model.parameters()).device
     cp = ContextParallel(cp_mesh, device)
@@ -217,7 +216,6 @@ def apply_context_parallel(model: nn.Module, cp_mesh: MeshLike) -> ContextParall
             m.forward = partial(cp.mla_forward, m)
     if isinstance(model, LongMoE):
         model.register_forward_pre_hook(partial(_shard_call, cp), with_kwargs=True)
-    apply_balance_sync(model)
     return cp
 
 

@@ -16,12 +16,15 @@ the shared experts stay local; per layer and forward the routed part becomes:
    which weights and sums its ``k`` pairs (the combine weights never travel; their gradient stays local).
 
 Both all-to-alls are PyTorch's autograd-aware functional collectives: their backward is the reverse
-all-to-all, so an expert's weight gradient on its owner sums the contributions of every rank's tokens.
+all-to-all, so an expert's weight gradient on its owner gathers the contributions of every rank's
+tokens. That gradient is scaled by ``1/P`` (the mean over the ep ranks), the convention of data
+parallelism, whose gradient reduction averages: composed with FSDP2 over the other data ranks, expert
+and replicated gradients are then both the mean over all ranks (docs/distributed.md).
 A token sends one row per selected expert (no per-rank deduplication of a token's pairs).
 
-The balancer's statistics are summed over every rank that sees different tokens (the whole world by
-default: data-parallel × context-parallel × expert-parallel) before each ``update_balance``
-(``apply_balance_sync``), so every rank moves its bias identically.
+Routing stays local, so each rank's balancer counts (``step_counts``, indexed by the global expert id)
+cover only its own tokens: the trainer sums them over all ranks before ``update_balance``
+(``distributed.reduce.sync_balance_stats``), so every rank moves the same bias.
 """
 
 from __future__ import annotations
@@ -50,6 +53,19 @@ def as_mesh(mesh: MeshLike, device: torch.device) -> DeviceMesh:
     return DeviceMesh.from_group(mesh, device.type)
 
 
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient multiplied by ``factor`` on the way back."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return g * ctx.factor, None
+
+
 class ExpertParallelDispatch:
     """The ``MoELayer.expert_dispatch`` of one layer over an expert-parallel group (module docstring).
 
@@ -76,6 +92,7 @@ class ExpertParallelDispatch:
         # z [N, ℓ]; idx, weights [N, k]; w_in, w_out: DTensor Shard(0) (or local [E/P, ...]) -> [N, ℓ]
         w_in = w_in.to_local() if isinstance(w_in, DTensor) else w_in  # [E/P, ℓ, 2f]
         w_out = w_out.to_local() if isinstance(w_out, DTensor) else w_out  # [E/P, f, ℓ]
+        w_in, w_out = _ScaleGrad.apply(w_in, 1.0 / self.size), _ScaleGrad.apply(w_out, 1.0 / self.size)
         N, k = idx.shape
         P, E_loc = self.size, self.n_local
         flat = idx.reshape(-1)  # [M] pair p = token · k + slot
@@ -103,15 +120,12 @@ def moe_layers(model: nn.Module) -> list[MoELayer]:
     return [m for m in model.modules() if isinstance(m, MoELayer)]
 
 
-def apply_expert_parallel(
-    model: nn.Module, ep_mesh: MeshLike, balance_group: dist.ProcessGroup | None = None
-) -> nn.Module:
+def apply_expert_parallel(model: nn.Module, ep_mesh: MeshLike) -> nn.Module:
     """Shard every ``MoELayer``'s routed experts over ``ep_mesh`` and dispatch tokens by all-to-all.
 
     ``ep_mesh``: a 1-D ``DeviceMesh`` (or a ``ProcessGroup``) of the ranks that share the experts; every
     rank must hold the same full weights when this is called (same seed, or a meta-device model that is
-    initialised afterwards). ``n_experts`` must divide by its size. Also installs the balancer
-    synchronisation over ``balance_group`` (default: the whole world). Returns ``model`` (changed in place).
+    initialised afterwards). ``n_experts`` must divide by its size. Returns ``model`` (changed in place).
     """
     layers = moe_layers(model)
     if not layers:
@@ -131,20 +145,4 @@ def apply_expert_parallel(
             shard = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
             setattr(layer, name, nn.Parameter(shard, requires_grad=full.requires_grad))
         layer.expert_dispatch = ExpertParallelDispatch(mesh, E, layer.cfg.glu, layer.impl)
-    apply_balance_sync(model, balance_group)
-    return model
-
-
-def apply_balance_sync(model: nn.Module, group: dist.ProcessGroup | None = None) -> nn.Module:
-    """Sum every ``MoELayer``'s step statistics over ``group`` (default: the world) before its update.
-
-    Needed whenever ranks route different tokens (data, context or expert parallel), so that all of
-    them fold the same global load and hold the same bias. Idempotent; returns ``model``.
-    """
-
-    def reduce(stats: torch.Tensor) -> None:
-        dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
-
-    for layer in moe_layers(model):
-        layer.reduce_balance_stats = reduce
     return model

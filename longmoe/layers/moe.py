@@ -11,10 +11,9 @@ expert parallelism can shard dimension 0. Dispatch is dropless (``ops/moe``). Ba
 (bias, the windowed load ring, the current step's counts) lives in persistent buffers, so a checkpoint
 of ``state_dict()`` resumes balancing exactly.
 
-Two seams let ``distributed/expert_parallel.py`` parallelise the layer from outside (the model never
-imports ``torch.distributed``): ``expert_dispatch`` replaces the local routed-expert call with an
-all-to-all over expert-parallel ranks, and ``reduce_balance_stats`` sums the step's balancer statistics
-over the ranks before ``update_balance`` folds them. Both are ``None`` (local) by default.
+One seam lets ``distributed/expert_parallel.py`` parallelise the layer from outside (the model never
+imports ``torch.distributed``): ``expert_dispatch``, ``None`` by default, replaces the local routed-expert
+call with an all-to-all over expert-parallel ranks.
 """
 
 from __future__ import annotations
@@ -70,9 +69,7 @@ class MoELayer(nn.Module):
         self.register_buffer("step_entropy", torch.zeros(2))  # [Σ token entropy, tokens] since last update
         self.register_buffer("last_entropy", torch.zeros(()))
         self.aux_loss: torch.Tensor = torch.zeros(())
-        # seams (see the module docstring): None = this process only
-        self.expert_dispatch: ExpertDispatch | None = None
-        self.reduce_balance_stats: Callable[[torch.Tensor], None] | None = None  # sums [E + 2] in place
+        self.expert_dispatch: ExpertDispatch | None = None  # the seam (module docstring); None = local
         self.reset_parameters(init_std)
 
     def reset_parameters(self, std: float = 0.02) -> None:
@@ -155,11 +152,6 @@ class MoELayer(nn.Module):
     def update_balance(self) -> None:
         """After an optimizer step: fold the step's counts into the window, move the bias, reset counts."""
         cfg = self.cfg
-        if self.reduce_balance_stats is not None:  # every rank folds the same (global) counts
-            stats = torch.cat([self.step_counts, self.step_entropy])  # [E + 2]
-            self.reduce_balance_stats(stats)
-            self.step_counts.copy_(stats[: cfg.n_experts])
-            self.step_entropy.copy_(stats[cfg.n_experts :])
         pos = int(self.window_pos)
         self.load_window[pos] = self.step_counts
         self.window_pos.fill_((pos + 1) % cfg.balance_window)

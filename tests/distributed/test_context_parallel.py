@@ -71,11 +71,12 @@ def _call(m: torch.nn.Module, x: torch.Tensor, packing: Packing | None) -> torch
 
 
 def _grads_all_reduced(m: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Replicated parameters: the sum of every rank's contribution; expert shards (DTensor): as held."""
+    """Every gradient summed over ranks: replicated parameters all-reduced; expert shards (DTensor),
+    whose gradient expert parallelism already averages over the ranks, multiplied back by the world."""
     out = {}
     for name, p in m.named_parameters():
         if isinstance(p.grad, DTensor):
-            out[name] = p.grad.to_local()
+            out[name] = p.grad.to_local() * dist.get_world_size()
             continue
         g = p.grad.clone()
         dist.all_reduce(g)  # each rank holds its part's contribution

@@ -71,15 +71,22 @@ def _ep_matches_local(rank: int, world: int, latent_ratio: int, impl: str) -> No
     n = 8 // world
     for name, p in ep.named_parameters():
         g = p.grad
-        if isinstance(g, DTensor):  # experts: the owner's gradient already sums every rank's tokens
-            g = g.to_local()
+        if isinstance(g, DTensor):  # experts: the owner's gradient, the mean over the ranks' tokens
+            g = g.to_local() * world
             want = ref.get_parameter(name).grad[rank * n : (rank + 1) * n]
         else:  # replicated (router, projections, shared): data-parallel sum over ranks
             dist.all_reduce(g)
             want = ref.get_parameter(name).grad
         torch.testing.assert_close(g, want, atol=1e-5, rtol=1e-5, msg=name)
 
-    # balancer: the step's counts are summed over ranks, so both ranks move the bias identically
+    # balancer: each rank counted its own tokens by global expert id; summed over ranks (what the
+    # trainer's distributed.reduce.sync_balance_stats does) they are the one-process counts, and both
+    # ranks then move the bias identically
+    counts = [torch.empty_like(ep.step_counts) for _ in range(world)]
+    dist.all_gather(counts, ep.step_counts)
+    torch.testing.assert_close(sum(counts), ref.step_counts, atol=0, rtol=0)
+    for buf in (ep.step_counts, ep.step_entropy):
+        dist.all_reduce(buf)
     ep.update_balance()
     ref.update_balance()
     torch.testing.assert_close(ep.bias, ref.bias, atol=0, rtol=0)
