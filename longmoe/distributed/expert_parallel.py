@@ -113,7 +113,7 @@ class ExpertParallelDispatch:
         y_sent = funcol.all_to_all_single_autograd(y_recv, send_split, recv_split, self.group)  # [M, ℓ]
         self.bytes_sent += (payload.numel() + y_recv.numel()) * z.element_size()
         Y = torch.empty_like(y_sent).index_copy(0, order, y_sent)  # [M, ℓ] back in pair order
-        return torch.bmm(weights.to(Y.dtype).unsqueeze(1), Y.view(N, k, -1)).squeeze(1)  # [N, ℓ]
+        return torch.bmm(weights.to(Y.dtype).unsqueeze(1), Y.view(N, k, Y.shape[-1])).squeeze(1)  # [N, ℓ]
 
 
 def moe_layers(model: nn.Module) -> list[MoELayer]:

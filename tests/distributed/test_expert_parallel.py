@@ -17,7 +17,7 @@ D = 32
 TOKENS = 13  # per rank, odd so the per-expert counts differ across ranks
 
 
-def _layer(latent_ratio: int, balancer: str = "quantile") -> MoELayer:
+def _layer(latent_ratio: int, skew: bool = False) -> MoELayer:
     torch.manual_seed(0)  # the same full layer on every rank
     cfg = FFNConfig(
         kind="moe",
@@ -27,12 +27,14 @@ def _layer(latent_ratio: int, balancer: str = "quantile") -> MoELayer:
         latent_ratio=latent_ratio,
         expert_hidden=8,
         shared_hidden=12,
-        balancer=balancer,
+        balancer="quantile",
         bias_step=0.01,
     )
     layer = MoELayer(D, cfg)
     with torch.no_grad():
         layer.bias.copy_(torch.randn(8) * 0.1)  # a non-trivial selection bias
+        if skew:  # every pair to experts 0-3: the second rank receives no rows at all
+            layer.bias[:4] += 10.0
     return layer
 
 
@@ -43,15 +45,15 @@ def _inputs(world: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, probe
 
 
-def _ep_matches_local(rank: int, world: int, latent_ratio: int, impl: str) -> None:
-    ref = _layer(latent_ratio)
+def _ep_matches_local(rank: int, world: int, latent_ratio: int, impl: str, skew: bool) -> None:
+    ref = _layer(latent_ratio, skew)
     ref.impl = impl
     x, probe = _inputs(world)
     xr = x.clone().requires_grad_(True)
     y_ref = ref(xr.view(1, -1, D)).view_as(x)  # one process: every rank's tokens
     (y_ref * probe).sum().backward()
 
-    ep = _layer(latent_ratio)
+    ep = _layer(latent_ratio, skew)
     ep.impl = impl
     apply_expert_parallel(ep, init_device_mesh("cpu", (world,)))
     assert isinstance(ep.w_in, DTensor) and ep.w_in.to_local().shape[0] == 8 // world
@@ -69,6 +71,8 @@ def _ep_matches_local(rank: int, world: int, latent_ratio: int, impl: str) -> No
     # the latent payload: ℓ = d/α columns, one row per (token, slot) pair this rank routed
     assert ep.expert_dispatch.last_payload == (TOKENS * 3, D // latent_ratio)
     n = 8 // world
+    if skew and rank == 1:  # nothing was routed to this rank's experts
+        assert not ep.w_in.grad.to_local().any() and not ep.w_out.grad.to_local().any()
     for name, p in ep.named_parameters():
         g = p.grad
         if isinstance(g, DTensor):  # experts: the owner's gradient, the mean over the ranks' tokens
@@ -94,16 +98,18 @@ def _ep_matches_local(rank: int, world: int, latent_ratio: int, impl: str) -> No
     biases = [torch.empty_like(ep.bias) for _ in range(world)]
     dist.all_gather(biases, ep.bias)
     assert torch.equal(biases[0], biases[1])
-    assert not torch.equal(ep.bias, _layer(latent_ratio).bias)  # the update did move it
+    assert not torch.equal(ep.bias, _layer(latent_ratio, skew).bias)  # the update did move it
 
 
 def test_ep_forward_gradients_payload_and_bias_equal_local():
     """2 ranks, 4 experts each, α = 4: outputs, input/expert/replicated gradients equal the one-process
     layer on both ranks' tokens; the all-to-all payload is [pairs, d/4]; the bias after an update is the
     one-process bias on every rank."""
-    run_ranks(_ep_matches_local, 4, "bmm")
+    run_ranks(_ep_matches_local, 4, "bmm", False)
 
 
-def test_ep_without_latent_space_and_grouped_mm():
-    """α = 1 (payload d wide) with the grouped_mm expert implementation: the same equalities."""
-    run_ranks(_ep_matches_local, 1, "grouped_mm")
+def test_ep_without_latent_space_grouped_mm_and_an_idle_rank():
+    """α = 1 (payload d wide), the grouped_mm expert implementation, and a bias that sends every pair to
+    the first rank's experts (the second receives no rows, its experts get zero gradients): the same
+    equalities."""
+    run_ranks(_ep_matches_local, 1, "grouped_mm", True)

@@ -72,6 +72,17 @@ def test_dispatch_is_dropless_under_total_collapse():
     assert (out.abs().sum(-1) > 0).all()
 
 
+@pytest.mark.parametrize("impl", ["bmm", "grouped_mm"])
+def test_dispatch_of_no_tokens_is_empty_with_zero_weight_gradients(impl):
+    """N = 0 (an expert-parallel rank that receives no rows): an empty output and zero weight gradients."""
+    z, idx, w, w_in, w_out = _problem(N=0, E=4, k=1, l=8, f=4, seed=0)
+    w_in.requires_grad_(True)
+    out = dispatch_experts(z, idx, w, w_in, w_out, impl=impl)
+    assert out.shape == (0, 8)
+    out.sum().backward()
+    assert w_in.grad is not None and not w_in.grad.any()
+
+
 def test_dispatch_rejects_unknown_impl():
     z, idx, w, w_in, w_out = _problem(N=4, E=2, k=1, l=4, f=2, seed=0)
     with pytest.raises(ValueError, match="impl: expected one of"):

@@ -218,4 +218,4 @@ def dispatch_experts(
     ys = _grouped_experts(z.index_select(0, tok), w_in, w_out, lay.counts, glu)  # sorted order
     Y = torch.empty_like(ys).index_copy(0, lay.order, ys)  # [N*k, l] pair order
     # combine: out[n] = Σ_j w[n, j] Y[n, j]
-    return torch.bmm(weights.to(Y.dtype).unsqueeze(1), Y.view(N, k, -1)).squeeze(1)  # [N, l]
+    return torch.bmm(weights.to(Y.dtype).unsqueeze(1), Y.view(N, k, Y.shape[-1])).squeeze(1)  # [N, l]
