@@ -112,7 +112,7 @@ class ContextParallel:
     def _gather(self, x: torch.Tensor) -> torch.Tensor:
         """All-gather along a new leading rank dimension: ``[...]`` -> ``[P, ...]`` (autograd-aware).
 
-        _same_graph: the backward of a gather is a collective, which runs on a rank only if the gathered
+        The backward of a gather is a collective, which runs on a rank only if the gathered
         tensor reaches that rank's outputs, and in the order its autograd reaches it. So every rank
         consumes its gathered tensors through the same operations (rank-dependent parts are masked by
         0/1 factors or replaced by identities, never skipped): the backward collectives then match.
@@ -124,14 +124,15 @@ class ContextParallel:
     def kda_forward(
         self, layer: KDALayer, x: torch.Tensor, state: KDAState | None = None, packing: Packing | None = None
     ) -> torch.Tensor:
-        """``KDALayer.forward`` on this rank's part ``x [B, T, d]`` of the sequence."""
+        """``KDALayer.forward`` on this rank's part ``x [B, T, d]`` of the sequence (``packing``, the
+        local one the model passes, is superseded by the layout recorded by ``shard``)."""
         B, T, _ = x.shape
         lay = self._layout(T, state)
         H, K, V, W = layer.H, layer.K, layer.V, layer.conv_size
         if W > 1 and T < W - 1:
             raise ValueError(f"context parallel: each rank needs at least conv_size - 1 = {W - 1} tokens")
-        # conv halo: the previous rank's last W-1 pre-conv q|k|v inputs (zeros on rank 0, taken from
-        # the gathered tensor all the same: see _same_graph)
+        # conv halo: the previous rank's last W-1 pre-conv q|k|v inputs (zeros on rank 0, still taken
+        # from the gathered tensor: see _gather)
         halo = None
         if W > 1:
             w_qkv = layer.in_proj.weight[: layer.qkv_dim]  # [C, d]
@@ -164,7 +165,7 @@ class ContextParallel:
         summary = final if lay.local_cu is None else final[-1:]  # the part's [B | M]: [b, H, K, V+K]
         maps = self._gather(summary)  # [P, b, H, K, V+K]
         # S_in = fold of the predecessors' maps from the zero state; the other ranks' maps are replaced by
-        # the identity map [0 | I] so every rank runs the same graph (see _same_graph)
+        # the identity map [0 | I] so every rank runs the same graph (see _gather)
         ident = torch.cat([summary.new_zeros(K, V), torch.eye(K, dtype=summary.dtype, device=x.device)], -1)
         before = (torch.arange(self.size, device=x.device) < self.rank).view(-1, 1, 1, 1, 1)
         maps = torch.where(before, maps, ident)  # [P, b, H, K, V+K]
@@ -184,7 +185,8 @@ class ContextParallel:
         seq_lens: torch.Tensor | None = None,
         packing: Packing | None = None,
     ) -> torch.Tensor:
-        """``MLALayer.forward`` on this rank's part ``x [B, T, d]``: gathered latents, offset causal mask."""
+        """``MLALayer.forward`` on this rank's part ``x [B, T, d]``: gathered latents, offset causal mask
+        (``packing`` is superseded by the recorded layout, as for KDA)."""
         B, T, _ = x.shape
         lay = self._layout(T, state)
         q, c, gate = layer.project(x)  # [B, H, T, Dq], [B, T, d_c], [B, T, H*Dv]

@@ -116,7 +116,7 @@ class ExpertParallelDispatch:
         return torch.bmm(weights.to(Y.dtype).unsqueeze(1), Y.view(N, k, Y.shape[-1])).squeeze(1)  # [N, ℓ]
 
 
-def moe_layers(model: nn.Module) -> list[MoELayer]:
+def _moe_layers(model: nn.Module) -> list[MoELayer]:
     return [m for m in model.modules() if isinstance(m, MoELayer)]
 
 
@@ -127,7 +127,7 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: MeshLike) -> nn.Module:
     rank must hold the same full weights when this is called (same seed, or a meta-device model that is
     initialised afterwards). ``n_experts`` must divide by its size. Returns ``model`` (changed in place).
     """
-    layers = moe_layers(model)
+    layers = _moe_layers(model)
     if not layers:
         return model
     mesh = as_mesh(ep_mesh, layers[0].w_in.device)
