@@ -1,6 +1,9 @@
-"""longmoe.distributed: not implemented yet.
+"""longmoe.distributed: scale-out on torch.distributed, as wrappers around the unchanged model.
 
-Planned: FSDP2 (``fully_shard`` per block) and expert parallelism sharding the routed experts' dimension 0
-(``w_in [E, ℓ, 2f]``, ``w_out [E, f, ℓ]``) with an all-to-all of the latent ``ℓ``-wide tokens. Nothing here is
-used by training yet; training is single-process.
+- ``parallel_dims``: ``ParallelDims(dp_shard, ep, cp)``, the named 3-D device mesh, process helpers
+  (``init_distributed`` / ``teardown``, ``rank`` / ``world_size`` that work without ``torchrun``).
+- ``parallelize``: ``parallelize(model, dims, mesh)``: FSDP2 per sublayer + root, optional activation
+  checkpointing (expert and context parallelism plug in there).
+- ``reduce``: global gradient clipping over sharded gradients, summed metrics, balancer statistics.
+- ``checkpoint``: sharded model + optimizer state through DCP, resharded on load at any world size.
 """
