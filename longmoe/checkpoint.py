@@ -20,6 +20,11 @@ SHA-256 of every file. The directory is assembled under a temporary name and ren
 ``os.replace``, so a process killed mid-save leaves either the previous checkpoints untouched or a
 ``.tmp-*`` directory that is ignored and cleaned up. A checkpoint whose manifest or hashes do not
 match is treated as corrupt: loading falls back to the previous complete one.
+
+A run trained on several processes writes *sharded* checkpoints instead of ``model.safetensors`` and
+the optimizer: ``dcp/`` holds every rank's shards (``longmoe.distributed.checkpoint``), and the same
+temporary-directory / manifest / rename protocol (``finalize``, run by rank 0 once all ranks wrote)
+makes them just as atomic. The manifest lists the files below ``dcp/`` by relative path.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ METRICS = "metrics.jsonl"  # RUN/metrics.jsonl: the training log
 MANIFEST = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
 MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)  # a model directory
+SHARDED_DIR = "dcp"  # a sharded checkpoint's DCP directory (model + optimizer shards, ``.metadata``)
+SHARDED_FILES = (CONFIG_FILE, TOKENIZER_FILE, f"{SHARDED_DIR}/.metadata")
 # Fault injection for the crash-safety test: ``LONGMOE_FAULT=kill-in-save:STEP`` SIGKILLs the process
 # after checkpoint STEP's files are written but before its manifest and rename.
 FAULT_ENV = "LONGMOE_FAULT"
@@ -82,13 +89,28 @@ def _fsync_dir(path: Path) -> None:
 
 def _fsync_tree(path: Path) -> None:
     for f in path.iterdir():
+        if f.is_dir():
+            _fsync_tree(f)
+            continue
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
     _fsync_dir(path)
 
 
+def _files(path: Path) -> list[Path]:
+    """Every file below ``path`` (sub-directories included), in a stable order."""
+    return sorted(f for f in path.rglob("*") if f.is_file())
+
+
 def step_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / CKPT_DIR / f"{STEP_PREFIX}{step:08d}"
+
+
+def tmp_dir(run_dir: str | Path, step: int, tag: str | int | None = None) -> Path:
+    """Where checkpoint ``step`` is assembled (``tag``: this process's id by default; the sharded
+    save passes a name every rank agrees on)."""
+    name = f".tmp-{STEP_PREFIX}{step:08d}-{os.getpid() if tag is None else tag}"
+    return Path(run_dir) / CKPT_DIR / name
 
 
 def save_checkpoint(
@@ -100,24 +122,28 @@ def save_checkpoint(
     keep_last: int = 3,
 ) -> Path:
     """Write checkpoint ``step`` atomically and keep only the newest ``keep_last`` complete ones."""
-    root = Path(run_dir) / CKPT_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    final = step_dir(run_dir, step)
-    tmp = root / f".tmp-{STEP_PREFIX}{step:08d}-{os.getpid()}"
+    tmp = tmp_dir(run_dir, step)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     if tmp.exists():
         shutil.rmtree(tmp)
     model.save_pretrained(tmp)
     shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
     torch.save(state, tmp / STATE_FILE)
+    return finalize(tmp, run_dir, step, keep_last)
+
+
+def finalize(tmp: Path, run_dir: str | Path, step: int, keep_last: int) -> Path:
+    """Seal the assembled ``tmp``: manifest of hashes, fsync, one rename to ``step-XXXXXXXX``, prune."""
     if os.environ.get(FAULT_ENV) == f"kill-in-save:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
-    files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+    files = {str(f.relative_to(tmp)): _sha256(f) for f in _files(tmp)}
     (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1) + "\n")
     _fsync_tree(tmp)
+    final = step_dir(run_dir, step)
     if final.exists():  # re-saving a step (e.g. after a resume): replace it
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    _fsync_dir(final.parent)
     prune(run_dir, keep_last)
     return final
 
@@ -133,7 +159,14 @@ def is_complete(path: Path, verify_hashes: bool = True) -> bool:
         f = path / name
         if not f.is_file() or (verify_hashes and _sha256(f) != digest):
             return False
-    return all(n in files for n in (*MODEL_FILES, STATE_FILE))
+    return STATE_FILE in files and (
+        all(n in files for n in MODEL_FILES) or all(n in files for n in SHARDED_FILES)
+    )
+
+
+def is_sharded(path: Path) -> bool:
+    """True for a checkpoint written by several processes (``dcp/`` instead of ``model.safetensors``)."""
+    return (path / SHARDED_FILES[-1]).is_file()
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -192,7 +225,7 @@ def resolve_model_dir(path: str | Path) -> Path:
     if is_model_dir(p / FINAL_DIR):
         return p / FINAL_DIR
     for c in reversed(list_checkpoints(p)):
-        if is_complete(c, verify_hashes=False):
+        if is_complete(c, verify_hashes=False) and is_model_dir(c):  # sharded ones are not
             return c
     raise FileNotFoundError(
         f"{p} is neither a model directory ({', '.join(MODEL_FILES)}) nor a training run with "

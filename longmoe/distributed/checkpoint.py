@@ -6,17 +6,22 @@ ranks or positions, so DCP reshards on load: a checkpoint saved by 2 ranks loads
 process group needed) or into 4 ranks. A single-process checkpoint (``model.safetensors`` + the
 optimizer's own ``state_dict``) loads into a sharded model through ``load_full``.
 
-The atomic layout around it (temporary directory, manifest, rename) is the trainer's checkpoint
-module's; these functions only read and write the model and optimizer state.
+``save_sharded_checkpoint`` wraps it in the run's atomic checkpoint protocol (``longmoe.checkpoint``):
+rank 0 prepares a temporary directory every rank agrees on, all ranks write their shards, and rank 0
+adds the config, tokenizer and trainer state, then seals it (manifest, fsync, rename) while the others
+wait, so a process killed at any point leaves the previous checkpoints as they were.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -27,15 +32,41 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from longmoe.distributed.parallel_dims import is_rank0
+from longmoe import checkpoint as ckpt
+from longmoe.config import ModelConfig
+from longmoe.distributed.parallel_dims import barrier, is_rank0
+from longmoe.model import CONFIG_FILE, WEIGHTS_FILE
 
-DCP_DIR = "dcp"
-DCP_METADATA = ".metadata"
+DCP_DIR = ckpt.SHARDED_DIR
+WEIGHTS_META = {"format": "pt", "longmoe": "1"}  # as LongMoE.save_pretrained writes
+SHARED_TMP_TAG = "sharded"  # the temporary directory's suffix: the same name on every rank
 
 
-def is_sharded_checkpoint(path: Path) -> bool:
-    """True when ``path`` holds a DCP checkpoint (``dcp/.metadata``)."""
-    return (Path(path) / DCP_DIR / DCP_METADATA).is_file()
+def save_sharded_checkpoint(
+    run_dir: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg: ModelConfig,
+    tokenizer_file: Path,
+    state: dict[str, Any],
+    keep_last: int,
+) -> Path:
+    """Checkpoint ``step`` of a sharded run, atomically (a collective: every rank calls it)."""
+    tmp = ckpt.tmp_dir(run_dir, step, SHARED_TMP_TAG)
+    if is_rank0():
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier()
+    save_sharded(model, optimizer, tmp)
+    barrier()  # every rank's shards are on disk
+    if is_rank0():
+        cfg.save(tmp / CONFIG_FILE)
+        shutil.copyfile(tokenizer_file, tmp / ckpt.TOKENIZER_FILE)
+        torch.save(state, tmp / ckpt.STATE_FILE)
+        ckpt.finalize(tmp, run_dir, step, keep_last)
+    barrier()  # nobody moves on (or exits) before the checkpoint is complete
+    return ckpt.step_dir(run_dir, step)
 
 
 def save_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
@@ -77,3 +108,20 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     sd = get_model_state_dict(model, options=opts)
     return sd if is_rank0() else {}
+
+
+def export_model(model: nn.Module, cfg: ModelConfig, path: Path, tokenizer_file: Path) -> Path:
+    """Write the whole model as a plain model directory at ``path`` (atomically; a collective: the
+    weights are gathered to rank 0, which writes them). Loadable by ``LongMoE.from_pretrained``."""
+    sd = full_model_state(model)
+    if is_rank0():
+        tmp = path.with_name(f".tmp-{path.name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        cfg.save(tmp / CONFIG_FILE)
+        shutil.copyfile(tokenizer_file, tmp / ckpt.TOKENIZER_FILE)
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / WEIGHTS_FILE), metadata=WEIGHTS_META)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    barrier()
+    return path

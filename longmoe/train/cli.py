@@ -1,4 +1,8 @@
-"""``longmoe train``: pretrain a model through the context curriculum (new run or ``--resume``)."""
+"""``longmoe train``: pretrain a model through the context curriculum (new run or ``--resume``).
+
+Scale-out: ``torchrun --nproc-per-node N -m longmoe train ... --dp-shard A --ep B --cp C`` (A·B·C = N
+processes; see ``train/sharding.py``). Without ``torchrun`` it is one process, as always.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,14 @@ from longmoe.argtypes import positive_float, positive_int
 from longmoe.config import ConfigError, ModelConfig, load_json, preset
 from longmoe.data.stages import CurriculumStage, tiny_curriculum
 from longmoe.data.tokenizer import Tokenizer
+from longmoe.distributed.parallel_dims import (
+    ParallelDims,
+    barrier,
+    init_distributed,
+    is_rank0,
+    teardown,
+    world_size,
+)
 from longmoe.errors import UserError
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import render
@@ -62,6 +74,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-steps", type=positive_int, help="stop after this many optimizer steps (checkpoint included)"
     )
+    g = p.add_argument_group("parallel (under torchrun; the product must equal the number of processes)")
+    g.add_argument("--dp-shard", type=int, help="FSDP2 data-parallel sharding degree (default: what is left)")
+    g.add_argument("--ep", type=int, help="expert-parallel degree (default 1)")
+    g.add_argument("--cp", type=int, help="context-parallel degree (default 1)")
+    g.add_argument(
+        "--activation-checkpointing", action="store_true", help="recompute mixers/dense FFNs in the backward"
+    )
+    g.add_argument("--device", default="cpu", help="cpu or cuda (one GPU per process); default cpu")
     g = p.add_argument_group("run")
     g.add_argument(
         "--run-dir", type=Path, default=Path("runs/train"), help="output directory (default runs/train)"
@@ -78,7 +98,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-plots", action="store_true", help="do not render loss.png / balance.png at the end")
 
 
-OVERRIDES = ("lr", "schedule", "grad_accum", "seed", "ckpt_every", "eval_every", "keep_last")
+OVERRIDES = (
+    "lr", "schedule", "grad_accum", "seed", "ckpt_every", "eval_every", "keep_last", "dp_shard", "ep", "cp",
+)  # fmt: skip
 
 
 def build_train_config(args: argparse.Namespace) -> TrainConfig:
@@ -104,6 +126,8 @@ def build_train_config(args: argparse.Namespace) -> TrainConfig:
         d["bf16"] = True
     if args.compile:
         d["compile"] = True
+    if args.activation_checkpointing:
+        d["activation_checkpointing"] = True
     if args.data is not None:
         d["data"] = args.data
     return TrainConfig.from_dict(d, where=where)
@@ -137,13 +161,43 @@ def check_resumable(args: argparse.Namespace) -> None:
             )
 
 
+def shared_tokenizer(run_dir: Path, vocab_size: int, data: str | None) -> Tokenizer:
+    """Train the run's BPE once: on rank 0, which hands it to the other ranks through ``run_dir``."""
+    pending = run_dir / ".tokenizer-pending.json"
+    if is_rank0():
+        print(f"training a {vocab_size}-token byte-level BPE on the corpus ...", file=sys.stderr)
+        tok = train_tokenizer(vocab_size, data)
+        if world_size() > 1:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            tok.save(pending)
+    barrier()
+    if not is_rank0():
+        tok = Tokenizer.from_file(pending)
+    barrier()
+    if is_rank0() and world_size() > 1:
+        pending.unlink()
+    return tok
+
+
+def parallel_dims(args: argparse.Namespace) -> ParallelDims | None:
+    """The layout the flags ask for (None: none given, the train config decides)."""
+    if args.dp_shard is None and args.ep is None and args.cp is None:
+        return None
+    return ParallelDims.for_world(world_size(), args.dp_shard, args.ep or 1, args.cp or 1)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
+        init_distributed(args.device)  # under torchrun: join the group now (the tokenizer is shared)
+        dims = parallel_dims(args)
+        launch = {"device": args.device, "dims": dims}
         if args.resume:
             check_resumable(args)
+        barrier()  # every rank decided before rank 0 creates the run's files
+        if args.resume:
             trainer = Trainer(
-                args.run_dir, resume=True, progress=not args.no_progress, max_steps=args.max_steps
+                args.run_dir, resume=True, progress=not args.no_progress, max_steps=args.max_steps, **launch
             )
         else:
             mcfg, tcfg = build_model_config(args), build_train_config(args)
@@ -151,16 +205,20 @@ def run(args: argparse.Namespace) -> int:
             if args.tokenizer is not None:
                 tok = Tokenizer.from_file(args.tokenizer)
             else:
-                print(f"training a {mcfg.vocab_size}-token byte-level BPE on the corpus ...", file=sys.stderr)
-                tok = train_tokenizer(mcfg.vocab_size, tcfg.data)
+                tok = shared_tokenizer(args.run_dir, mcfg.vocab_size, tcfg.data)
             trainer = Trainer(
-                args.run_dir, mcfg, tcfg, tok, progress=not args.no_progress, max_steps=args.max_steps
-            )
+                args.run_dir, mcfg, tcfg, tok, progress=not args.no_progress, max_steps=args.max_steps,
+                **launch,
+            )  # fmt: skip
         summary = trainer.fit()
     except UserError:
         raise
     except ValueError as e:  # validation below the config layer (data mixes, packing) raises ValueError
         raise UserError(str(e)) from e
+    finally:
+        teardown()
+    if not is_rank0():
+        return 0
     if not args.no_plots:
         render(args.run_dir)
     print(json.dumps(summary))

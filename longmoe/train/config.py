@@ -39,6 +39,12 @@ class TrainConfig(JsonConfig):
     ckpt_every: int = 100  # optimizer steps between checkpoints (0: only at the end)
     keep_last: int = 3
     data: str | None = None  # None: embedded standard-library corpus
+    # parallel layout under torchrun (dp_shard · ep · cp = processes; None: what ep and cp leave), and
+    # activation checkpointing; a resumed run may change them (see train/sharding.py)
+    dp_shard: int | None = None
+    ep: int = 1
+    cp: int = 1
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stages, list):
@@ -77,6 +83,14 @@ class TrainConfig(JsonConfig):
         _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "a float >= 0 (0 disables clipping)")
         for n in ("grad_accum", "log_every", "val_windows", "keep_last"):
             _check(is_positive_int(getattr(self, n)), n, getattr(self, n), "a positive integer")
+        for n in ("ep", "cp"):
+            _check(is_positive_int(getattr(self, n)), n, getattr(self, n), "a positive integer")
+        _check(
+            self.dp_shard is None or is_positive_int(self.dp_shard),
+            "dp_shard",
+            self.dp_shard,
+            "null (all processes left by ep · cp) or a positive integer",
+        )
         for n in ("warmup_steps", "eval_every", "ckpt_every", "seed"):
             v = getattr(self, n)
             _check(isinstance(v, int) and v >= 0, n, v, "a non-negative integer")

@@ -12,6 +12,11 @@ One ``Trainer`` owns a run directory::
 Everything a step depends on (weights, AdamW moments, step count → learning rate, torch/Python RNG,
 the curriculum's stage and every packer's position, the MoE balancers' bias and load window) is in
 the checkpoint, so a CPU run resumed from step s logs the same losses as the run that never stopped.
+
+Under ``torchrun`` the same trainer runs on every rank (``train/sharding.py``): the model is wrapped by
+``distributed.parallelize`` (FSDP2), each rank trains on its windows of the global batch, gradient
+norms, losses and balancer statistics are reduced over ranks, rank 0 logs, and checkpoints are sharded
+(DCP) and resumable at another world size.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 from tqdm import tqdm
 
@@ -34,11 +40,16 @@ from longmoe.config import IGNORE_INDEX, ConfigError, ModelConfig
 from longmoe.data.corpus import corpus_texts
 from longmoe.data.curriculum import Curriculum, val_batches
 from longmoe.data.tokenizer import Tokenizer
+from longmoe.distributed import checkpoint as dcp_ckpt
+from longmoe.distributed.parallel_dims import ParallelDims, barrier, init_distributed, is_rank0
+from longmoe.distributed.parallelize import parallelize
+from longmoe.distributed.reduce import all_reduce_sum, clip_grad_norm_, sync_balance_stats
 from longmoe.inspect import training_memory
-from longmoe.model import LongMoE
+from longmoe.model import WEIGHTS_FILE, LongMoE, ModelOutput
 from longmoe.runtime import available_memory_bytes
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import read_metrics_lines
+from longmoe.train.sharding import ParallelRun, batch_to, shard_batch, start_run, window_lengths
 
 MAX_BAD_STEPS = 8  # consecutive non-finite-gradient steps before training stops with an error
 
@@ -149,11 +160,17 @@ class Trainer:
         resume: bool = False,
         progress: bool = True,
         max_steps: int | None = None,
+        device: str = "cpu",
+        dims: ParallelDims | None = None,
     ) -> None:
+        """``device``/``dims``: where and how this process trains (``dims``: the parallel layout under
+        ``torchrun``; default from the train config, see ``train/sharding.start_run``)."""
         self.run_dir = Path(run_dir)
         self.progress, self.max_steps = progress, max_steps
+        init_distributed(device)  # under torchrun: join the group (a no-op otherwise)
         existing = resume and (self.run_dir / ckpt.CONFIG_FILE).exists()
         restored = ckpt.load_latest(self.run_dir) if resume else None
+        barrier()  # every rank has looked at the run directory before rank 0 writes into it
         if existing:
             # the run's own files win over what the caller passed: a resume must not change the run
             if restored is None:
@@ -168,14 +185,19 @@ class Trainer:
         if restored is not None:
             self._check_checkpoint_config(restored[0], model_cfg)
         self.mcfg, self.tcfg, self.tok = model_cfg, train_cfg, tokenizer
+        self.par: ParallelRun = start_run(train_cfg, device, dims)
+        self.progress = progress and is_rank0()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if not existing:
+        if not existing and is_rank0():
             model_cfg.save(self.run_dir / ckpt.CONFIG_FILE)
             train_cfg.save(self.run_dir / ckpt.TRAIN_CONFIG)
             tokenizer.save(self.run_dir / ckpt.TOKENIZER_FILE)
+        barrier()
 
         seed_everything(train_cfg.seed)
-        self.model = LongMoE(model_cfg)
+        self.model = LongMoE(model_cfg).to(self.par.device)
+        if self.par.enabled:
+            parallelize(self.model, self.par.dims, self.par.mesh, train_cfg.activation_checkpointing)
         self.opt = torch.optim.AdamW(
             param_groups(self.model, train_cfg.weight_decay),
             lr=train_cfg.lr,
@@ -195,14 +217,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
-        return {
+        """Trainer state for ``trainer_state.pt`` (a sharded run keeps the optimizer in ``dcp/``)."""
+        out = {
             "step": self.step,
             "tokens": self.tokens,
             "skipped_steps": self.skipped_steps,
-            "optimizer": self.opt.state_dict(),
             "rng": rng_state(),
             "curriculum": self.curriculum.state(),
         }
+        if not self.par.enabled:
+            out["optimizer"] = self.opt.state_dict()
+        return out
 
     def _check_checkpoint_config(self, path: Path, cfg: ModelConfig) -> None:
         """A checkpoint copied in from another run would fail to load (or load into the wrong model)."""
@@ -215,8 +240,14 @@ class Trainer:
             )
 
     def _restore(self, path: Path, state: dict[str, Any]) -> None:
-        ckpt.load_weights(self.model, path)
-        self.opt.load_state_dict(state["optimizer"])
+        if ckpt.is_sharded(path):  # written by several processes: DCP reshards to this layout
+            dcp_ckpt.load_sharded(self.model, self.opt, path)
+        elif self.par.enabled:  # a one-process checkpoint, resumed by several
+            sd = load_file(str(path / WEIGHTS_FILE))
+            dcp_ckpt.load_full(self.model, self.opt, sd, state["optimizer"])
+        else:
+            ckpt.load_weights(self.model, path)
+            self.opt.load_state_dict(state["optimizer"])
         self.curriculum.restore(state["curriculum"])
         set_rng_state(state["rng"])
         self.step, self.tokens = int(state["step"]), int(state["tokens"])
@@ -227,12 +258,17 @@ class Trainer:
     def _truncate_metrics(self, step: int) -> None:
         """Drop log lines after ``step`` so a resumed run's log reads as one uninterrupted run."""
         f = self.run_dir / ckpt.METRICS
-        if not f.exists():
+        if not f.exists() or not is_rank0():
             return
         keep = [ln for ln in read_metrics_lines(f) if json.loads(ln).get("step", 0) <= step]
         f.write_text("".join(ln + "\n" for ln in keep))
 
     def save(self) -> Path:
+        if self.par.enabled:
+            return dcp_ckpt.save_sharded_checkpoint(
+                self.run_dir, self.step, self.model, self.opt, self.mcfg,
+                self.run_dir / ckpt.TOKENIZER_FILE, self.state(), self.tcfg.keep_last,
+            )  # fmt: skip
         return ckpt.save_checkpoint(
             self.run_dir, self.step, self.model, self.run_dir / ckpt.TOKENIZER_FILE, self.state(),
             self.tcfg.keep_last,
@@ -240,15 +276,20 @@ class Trainer:
 
     def export(self, path: Path) -> Path:
         """Write the current weights as a plain model directory (atomically replacing ``path``)."""
+        if self.par.enabled:
+            return dcp_ckpt.export_model(self.model, self.mcfg, path, self.run_dir / ckpt.TOKENIZER_FILE)
         return ckpt.save_model_dir(path, self.model, self.tok)
 
     def log(self, rec: dict[str, Any]) -> None:
+        if not is_rank0():
+            return
         with open(self.run_dir / ckpt.METRICS, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
     # ------------------------------------------------------------------ steps
     def _autocast(self) -> Any:
-        return torch.autocast("cpu", dtype=torch.bfloat16) if self.tcfg.bf16 else nullcontext()
+        dev = self.par.device.type
+        return torch.autocast(dev, dtype=torch.bfloat16) if self.tcfg.bf16 else nullcontext()
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer step over ``grad_accum`` packed batches; returns the step's log record."""
@@ -264,20 +305,33 @@ class Trainer:
         while n_micro < self.tcfg.grad_accum and not self.curriculum.done:
             b = self.curriculum.next_batch()
             stage, window = b["stage"], b["window"]
+            b = batch_to(self._local(b), self.par.device)
             with self._autocast():
                 out = self.forward(b["input_ids"], labels=b["labels"], cu_seqlens=b["cu_seqlens"])
-            (out.loss / self.tcfg.grad_accum).backward()
-            loss_sum += float(out.loss.detach())
-            ce_sum += float(out.ce_loss.detach())
-            aux_sum += float(out.aux_loss.detach())
+            if self.par.enabled:
+                ce, aux, loss = self._sharded_loss(out, b["labels"])
+                loss_value = ce + aux
+            else:
+                ce, aux, loss = float(out.ce_loss.detach()), float(out.aux_loss.detach()), out.loss
+                loss_value = float(out.loss.detach())
+            (loss / self.tcfg.grad_accum).backward()
+            loss_sum += loss_value
+            ce_sum += ce
+            aux_sum += aux
             ntok += int(b["input_ids"].numel())
             n_micro += 1
+        if self.par.enabled:  # every rank reports the global batch: sums of per-rank shares
+            ce_sum, aux_sum, ntok_f = all_reduce_sum([ce_sum, aux_sum, float(ntok)])
+            loss_sum, ntok = ce_sum + aux_sum, int(ntok_f)
         if n_micro < self.tcfg.grad_accum:  # a last partial group: rescale to a mean over what ran
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.mul_(self.tcfg.grad_accum / n_micro)
         clip = self.tcfg.grad_clip if self.tcfg.grad_clip > 0 else float("inf")
-        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        if self.par.enabled:  # the norm over every rank's gradient shards
+            gnorm = clip_grad_norm_(self.model.parameters(), clip)
+        else:
+            gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         skipped = not math.isfinite(gnorm)
         if skipped:  # an inf/nan gradient would poison every weight it touches (and Adam's moments)
             self.opt.zero_grad(set_to_none=True)
@@ -293,6 +347,7 @@ class Trainer:
         else:
             self.bad_streak = 0
             self.opt.step()
+        sync_balance_stats(self.model.moe_layers())  # every rank folds the global load (no-op alone)
         for m in self.model.moe_layers():
             m.update_balance()
         self.step += 1
@@ -314,6 +369,27 @@ class Trainer:
         }
         rec.update(self.balance_record())
         return rec
+
+    def _local(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """This rank's windows of the global ``batch`` (the whole batch in a single process)."""
+        lengths = window_lengths(self.tcfg.stages[batch["stage"]])
+        return shard_batch(batch, lengths, self.par.data_rank, self.par.data_degree)
+
+    def _sharded_loss(self, out: ModelOutput, labels: torch.Tensor) -> tuple[float, float, torch.Tensor]:
+        """The loss this rank back-propagates so that FSDP's mean over ranks is the one-process
+        gradient: its CE weighted by its share of the global batch's targets (× ranks, which FSDP
+        divides back out); the aux loss is averaged. Returns this rank's share of the global CE and
+        aux loss (they sum to the global values over ranks) and the loss to back-propagate."""
+        n_local = int((labels != IGNORE_INDEX).sum())
+        (n_all,) = all_reduce_sum([float(n_local)])
+        w = self.par.world
+        if n_local == 0:  # no targets here (CE is NaN): a zero loss that still runs every backward hook
+            ce_term = out.logits.float().sum() * 0.0
+            ce_share = 0.0
+        else:
+            ce_term = out.ce_loss * (n_local * w / n_all)
+            ce_share = float(out.ce_loss.detach()) * n_local / n_all
+        return ce_share, float(out.aux_loss.detach()) / w, ce_term + out.aux_loss
 
     def balance_record(self, with_load: bool = False) -> dict[str, Any]:
         moe = self.model.moe_layers()
@@ -337,11 +413,18 @@ class Trainer:
             self.val_cache[length] = val_batches(self.tok, length, n, data=self.tcfg.data)
         self.model.eval()
         total, count = 0.0, 0
-        for b in self.val_cache[length]:
+        batches, part, parts = self.val_cache[length], self.par.data_rank, self.par.data_degree
+        # data rank r scores windows r, r + parts, ...; a rank short of one reruns window 0 unscored,
+        # since every rank must take part in each (sharded) forward
+        for i in range(-(-len(batches) // parts)):
+            j = i * parts + part
+            b = batch_to(batches[j if j < len(batches) else 0], self.par.device)
             with self._autocast():
                 out = self.model(b["input_ids"], labels=b["labels"], cu_seqlens=b["cu_seqlens"])
-            k = int((b["labels"] != IGNORE_INDEX).sum())
-            total, count = total + float(out.ce_loss) * k, count + k
+            k = int((b["labels"] != IGNORE_INDEX).sum()) if j < len(batches) else 0
+            if k:
+                total, count = total + float(out.ce_loss) * k, count + k
+        total, count = all_reduce_sum([total, float(count)])
         return total / count
 
     # ------------------------------------------------------------------ loop
