@@ -12,6 +12,8 @@ import json
 from typing import Any
 
 from longmoe.config import ModelConfig, preset
+from longmoe.distributed.parallel_dims import ParallelDims
+from longmoe.distributed.plan import format_plan, plan
 from longmoe.layers.attnres import BlockAttnRes
 from longmoe.layers.kda import KDALayer
 from longmoe.layers.mla import MLALayer
@@ -172,6 +174,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--preset", default=None, help="named preset: tiny, small or flagship (default: tiny)")
     g.add_argument("--config", default=None, help="path to a config.json (a model directory's config)")
     parser.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
+    g = parser.add_argument_group("cluster mapping")
+    g.add_argument(
+        "--parallel",
+        metavar="dp_shard=A,ep=B,cp=C",
+        help="also report memory per device, EP all-to-all bytes per token and the CP degree for 1M "
+        "tokens on dp_shard·ep·cp devices (missing degrees are 1)",
+    )
+    g.add_argument("--seq-len", type=int, default=1 << 20, help="window tokens for --parallel (default 1M)")
+    g.add_argument(
+        "--device-memory", type=float, default=80.0, help="GiB per device for the CP search (default 80)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -181,5 +194,13 @@ def run(args: argparse.Namespace) -> int:
         name = args.preset or "tiny"
         cfg = preset(name)
     r = report(cfg)
-    print(json.dumps({"name": name, **r}, indent=2) if args.json else format_report(r, name))
+    dims = ParallelDims.parse(args.parallel) if args.parallel else None  # a ConfigError exits 2
+    if dims is not None:
+        r["parallel"] = plan(
+            cfg, r["params"], r["cache"], dims, args.seq_len, int(args.device_memory * 2**30)
+        )
+    text = format_report(r, name)
+    if dims is not None:
+        text += "\n\n" + format_plan(r["parallel"], cfg)
+    print(json.dumps({"name": name, **r}, indent=2) if args.json else text)
     return 0
