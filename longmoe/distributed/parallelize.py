@@ -16,6 +16,8 @@ In order (the torchtitan recipe): context parallel, expert parallel, activation 
 
 from __future__ import annotations
 
+import warnings
+
 from torch import nn
 from torch.distributed._composable import checkpoint
 from torch.distributed.device_mesh import DeviceMesh
@@ -37,6 +39,9 @@ def apply_activation_checkpointing(model: LongMoE) -> None:
 
 def apply_fsdp(model: LongMoE, mesh: DeviceMesh) -> None:
     """FSDP2 over the 1-D ``mesh``: each mixer and FFN its own group, the rest in the root group."""
+    # FSDP2 warns when a group returns a view (MoELayer's reshape): an in-place op on it would skip the
+    # backward hook. LongMoE only ever adds sublayer outputs out of place, so the warning is noise here.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     for b in model.blocks:
         fully_shard(b.mixer, mesh=mesh)
         fully_shard(b.ffn, mesh=mesh)
