@@ -12,8 +12,9 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 from longmoe.config import FFNConfig, ModelConfig, preset
+from longmoe.data.stages import CurriculumStage
 from longmoe.distributed.parallel_dims import init_distributed, teardown
-from longmoe.train.config import CurriculumStage, TrainConfig
+from longmoe.train.config import TrainConfig
 
 
 def free_port() -> int:

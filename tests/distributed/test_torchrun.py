@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from distutil import free_port, losses, model_config, train_config
 
+from longmoe import checkpoint as ckpt
 from longmoe.data.tokenizer import tokenizer_for_tests
-from longmoe.train import checkpoint as ckpt
 
 
 def torchrun(

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from distutil import losses, model_config, run_ranks, train_config
 
+from longmoe import checkpoint as ckpt
 from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
-from longmoe.train import checkpoint as ckpt
 from longmoe.train.pretrain import Trainer
 
 STEPS = 5

@@ -7,7 +7,7 @@ import torch
 
 from longmoe.config import ConfigError
 from longmoe.data.packing import Window, collate
-from longmoe.train.config import CurriculumStage
+from longmoe.data.stages import CurriculumStage
 from longmoe.train.sharding import assign_windows, check_batches, shard_batch, window_lengths
 
 
