@@ -49,7 +49,14 @@ from longmoe.model import WEIGHTS_FILE, LongMoE, ModelOutput
 from longmoe.runtime import available_memory_bytes
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import read_metrics_lines
-from longmoe.train.sharding import ParallelRun, batch_to, shard_batch, start_run, window_lengths
+from longmoe.train.sharding import (
+    ParallelRun,
+    batch_to,
+    context_part,
+    shard_batch,
+    start_run,
+    window_lengths,
+)
 
 MAX_BAD_STEPS = 8  # consecutive non-finite-gradient steps before training stops with an error
 
@@ -373,7 +380,8 @@ class Trainer:
     def _local(self, batch: dict[str, Any]) -> dict[str, Any]:
         """This rank's windows of the global ``batch`` (the whole batch in a single process)."""
         lengths = window_lengths(self.tcfg.stages[batch["stage"]])
-        return shard_batch(batch, lengths, self.par.data_rank, self.par.data_degree)
+        mine = shard_batch(batch, lengths, self.par.data_rank, self.par.data_degree)
+        return context_part(mine, self.par.cp_rank, self.par.dims.cp)
 
     def _sharded_loss(self, out: ModelOutput, labels: torch.Tensor) -> tuple[float, float, torch.Tensor]:
         """The loss this rank back-propagates so that FSDP's mean over ranks is the one-process
@@ -418,7 +426,8 @@ class Trainer:
         # since every rank must take part in each (sharded) forward
         for i in range(-(-len(batches) // parts)):
             j = i * parts + part
-            b = batch_to(batches[j if j < len(batches) else 0], self.par.device)
+            b = context_part(batches[j if j < len(batches) else 0], self.par.cp_rank, self.par.dims.cp)
+            b = batch_to(b, self.par.device)
             with self._autocast():
                 out = self.model(b["input_ids"], labels=b["labels"], cu_seqlens=b["cu_seqlens"])
             k = int((b["labels"] != IGNORE_INDEX).sum()) if j < len(batches) else 0

@@ -6,7 +6,9 @@ resumed on another number of processes continues with the same batches. Each dat
 its own windows of the batch (``shard_batch``): windows are dealt to ranks balancing tokens, so the
 union over ranks is exactly the one-process batch. The loss is weighted by each rank's share of the
 batch's target tokens (``token_weight``), so the gradient that FSDP averages over ranks equals the
-one-process gradient of the mean loss over the whole batch.
+one-process gradient of the mean loss over the whole batch. Under context parallelism the ``cp`` ranks
+of a data rank share its windows and each takes a contiguous part of the packed row
+(``context_part``); the model gets the row's global ``cu_seqlens`` and splits the recurrences itself.
 
 Without ``torchrun`` the layout is one process, nothing is sharded and the trainer runs unchanged.
 """
@@ -52,6 +54,10 @@ class ParallelRun:
         return 0 if self.mesh is None else data_rank(self.mesh)
 
     @property
+    def cp_rank(self) -> int:
+        return 0 if self.mesh is None else self.mesh["cp"].get_local_rank()
+
+    @property
     def data_degree(self) -> int:
         return self.dims.data_degree
 
@@ -77,8 +83,6 @@ def start_run(tcfg: TrainConfig, device: str = "cpu", dims: ParallelDims | None 
             dims = ParallelDims.for_world(world)
             log.info("train config layout does not fit %d processes; using %s", world, dims.describe())
     dims.validate(world)
-    if dims.cp > 1:
-        raise ConfigError(f"--cp {dims.cp}: context-parallel training is not part of this build yet")
     check_batches(tcfg.stages, dims.data_degree)
     mesh = dims.build_mesh(dev) if is_distributed() else None
     return ParallelRun(dims, mesh, dev)
@@ -133,6 +137,26 @@ def shard_batch(batch: dict[str, Any], lengths: list[int], part: int, parts: int
         input_ids=torch.cat(ids, 1),  # [1, n]
         labels=torch.cat(labels, 1),  # [1, n]
         cu_seqlens=torch.tensor(offsets, dtype=batch["cu_seqlens"].dtype),
+    )
+    return out
+
+
+def context_part(batch: dict[str, Any], part: int, parts: int) -> dict[str, Any]:
+    """Part ``part`` of ``parts`` equal contiguous parts of the packed row (``input_ids``/``labels``);
+    ``cu_seqlens`` stay the whole row's (context parallel takes global offsets)."""
+    if parts == 1:
+        return batch
+    n = batch["input_ids"].shape[1]
+    if n % parts:
+        raise ConfigError(
+            f"context parallel: a rank's packed row has {n} tokens, not divisible by --cp {parts}: "
+            "choose window lengths (and replay windows) that are multiples of the cp degree"
+        )
+    t = n // parts
+    out = dict(batch)
+    out.update(
+        input_ids=batch["input_ids"][:, part * t : (part + 1) * t],  # [1, n / parts]
+        labels=batch["labels"][:, part * t : (part + 1) * t],
     )
     return out
 

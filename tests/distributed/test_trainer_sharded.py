@@ -12,6 +12,7 @@ from distutil import losses, model_config, run_ranks, train_config
 
 from longmoe import checkpoint as ckpt
 from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
+from longmoe.distributed.parallel_dims import ParallelDims
 from longmoe.train.pretrain import Trainer
 
 STEPS = 5
@@ -22,12 +23,16 @@ def val_losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["val_loss"] for r in recs if "val_loss" in r}
 
 
-def _fit(rank: int, run: str, tok_file: str, resume: bool, max_steps: int) -> None:
+def _fit(
+    rank: int, run: str, tok_file: str, resume: bool, max_steps: int, dims: ParallelDims | None = None
+) -> None:
     tok = Tokenizer.from_file(tok_file)
     if resume:
-        Trainer(run, resume=True, progress=False, max_steps=max_steps).fit()
+        Trainer(run, resume=True, progress=False, max_steps=max_steps, dims=dims).fit()
     else:
-        Trainer(run, model_config(), train_config(), tok, progress=False, max_steps=max_steps).fit()
+        Trainer(
+            run, model_config(), train_config(), tok, progress=False, max_steps=max_steps, dims=dims
+        ).fit()
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +85,14 @@ def test_resume_one_process_into_two_ranks(runs):
     run_ranks(_fit, 2, str(run), str(runs["tok"]), True, STEPS)
     got = losses(run)
     assert close({k: got[k] for k in (4, 5)}, {k: losses(runs["one"])[k] for k in (4, 5)})
+
+
+@pytest.mark.parametrize("dims", [ParallelDims(1, 2, 1), ParallelDims(1, 1, 2)], ids=["ep=2", "cp=2"])
+def test_expert_and_context_parallel_log_the_one_process_losses(runs, tmp_path, dims):
+    """Expert parallel (each rank half the experts, its own windows) and context parallel (each rank
+    half of every packed row) train like one process: losses of 3 steps and the stage-end validation."""
+    run = tmp_path / "run"
+    run_ranks(_fit, 2, str(run), str(runs["tok"]), False, 3, dims)
+    ref = losses(runs["one"])
+    assert close(losses(run), {k: ref[k] for k in (1, 2, 3)}), (losses(run), ref)
+    assert close(val_losses(run), {3: val_losses(runs["one"])[3]})
