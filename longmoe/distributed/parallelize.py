@@ -22,12 +22,17 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 from torch import nn
 from torch.distributed._composable import checkpoint
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, ShardPlacementResult
 from torch.distributed.tensor import Shard
+
+try:  # private in torch 2.13 and absent before it: only expert-parallel x FSDP2 needs them
+    from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, ShardPlacementResult
+except ImportError:  # pragma: no cover - older torch (e.g. a GPU image with torch 2.11)
+    FSDPMeshInfo = ShardPlacementResult = None
 
 from longmoe.distributed.context_parallel import ContextParallel, apply_context_parallel
 from longmoe.distributed.expert_parallel import apply_expert_parallel
@@ -52,6 +57,11 @@ def apply_fsdp(model: LongMoE, mesh: DeviceMesh, expert_mesh: DeviceMesh | None 
     # FSDP2 warns when a group returns a view (MoELayer's reshape): an in-place op on it would skip the
     # backward hook. LongMoE only ever adds sublayer outputs out of place, so the warning is noise here.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    if expert_mesh is not None and FSDPMeshInfo is None:
+        raise RuntimeError(
+            f"expert parallel with FSDP2 needs torch's per-parameter shard placement (torch>=2.13); "
+            f"this is torch {torch.__version__}"
+        )
     expert_info = None if expert_mesh is None else FSDPMeshInfo(expert_mesh, shard_mesh_dim=0)
     for b in model.blocks:
         fully_shard(b.mixer, mesh=mesh)
