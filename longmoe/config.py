@@ -28,7 +28,7 @@ LAYER_KINDS = {"L": "KDA linear attention", "M": "gated NoPE MLA"}
 FFN_KINDS = ("dense", "moe")
 GLU_KINDS = ("swiglu", "geglu")
 BALANCERS = ("quantile", "sign", "aux", "none")
-DECAY_GATES = ("bounded", "softplus")
+DECAY_GATES = ("bounded", "softplus", "kimi")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -205,6 +205,10 @@ class FFNConfig:
     shared_hidden: int = 128  # shared expert GLU width (full width)
     first_k_dense: int = 0
     routed_scale: float = 1.0
+    # grouped top-k (DeepSeek-V3 / Kimi): experts in n_group equal groups, a token picks its topk_group
+    # best groups (by the sum of each group's two best biased scores) and its top_k experts inside them
+    n_group: int = 1
+    topk_group: int = 1
     balancer: str = "quantile"
     bias_step: float = 1e-3  # δ: bias step of the loss-free balancers
     balance_quantile: float = 0.5
@@ -230,6 +234,14 @@ class FFNConfig:
         _check(self.bias_step >= 0.0, "ffn.bias_step", self.bias_step, "a float >= 0")
         _check(self.aux_loss_coef >= 0.0, "ffn.aux_loss_coef", self.aux_loss_coef, "a float >= 0")
         _check(self.routed_scale > 0.0, "ffn.routed_scale", self.routed_scale, "a float > 0")
+        _positive(self, "n_group", "topk_group")
+        _check(self.n_experts % self.n_group == 0, "ffn.n_group", self.n_group,
+               f"a divisor of n_experts={self.n_experts}")
+        _check(self.topk_group <= self.n_group, "ffn.topk_group", self.topk_group,
+               f"an integer in [1, n_group={self.n_group}]")
+        reach = self.topk_group * (self.n_experts // self.n_group)  # experts in the kept groups
+        _check(self.top_k <= reach, "ffn.top_k", self.top_k,
+               f"at most topk_group * n_experts / n_group = {reach}")
         if d_model is not None:
             _check(d_model % self.latent_ratio == 0, "ffn.latent_ratio", self.latent_ratio,
                    f"a divisor of d_model={d_model}")
@@ -252,15 +264,19 @@ class ModelConfig(JsonConfig):
     kda_head_dim: int = 64  # K = V per head
     kda_conv_size: int = 4
     kda_gate_rank: int = 32  # low-rank decay-gate projection d -> r -> H*K
-    kda_gate: str = "bounded"  # "softplus" is the unbounded baseline (ablation only)
+    kda_gate: str = "bounded"  # "softplus": unbounded baseline (ablation); "kimi": Kimi-Linear's gate
     g_min: float = -5.0
     kda_chunk_size: int = 16
+    kda_out_gate_rank: int = 0  # output gate W_g: 0 = full rank d -> H*V; r > 0 = d -> r -> H*V
+    kda_l2_eps: float | None = None  # q/k L2 norm: None = x/max(|x|, 1e-12); eps = x/sqrt(|x|^2 + eps)
     # Gated MLA
     mla_heads: int = 4
-    mla_q_lora_rank: int = 128
+    mla_q_lora_rank: int = 128  # 0 = a full-rank query projection (no q latent, no q norm)
     mla_kv_lora_rank: int = 64  # d_c: latent numbers cached per token per MLA layer
     mla_head_dim: int = 64  # q/k head dim (NoPE: no rotary part)
     mla_v_head_dim: int = 64
+    mla_gate: bool = True  # sigmoid output gate on the head outputs; False = plain MLA (Kimi-Linear)
+    mla_norm_eps: float | None = None  # eps of the q / kv latent norms; None = norm_eps
     # residual stream
     attn_res: bool = True  # block attention residuals; False = plain residuals (ablation)
     attn_res_blocks: int = 4  # N blocks of layers
@@ -280,7 +296,7 @@ class ModelConfig(JsonConfig):
         check_types(self)
         _positive(self, "vocab_size", "d_model", "n_layers", "max_seq_len", "kda_heads",
                   "kda_head_dim", "kda_conv_size", "kda_gate_rank", "kda_chunk_size", "mla_heads",
-                  "mla_q_lora_rank", "mla_kv_lora_rank", "mla_head_dim", "mla_v_head_dim",
+                  "mla_kv_lora_rank", "mla_head_dim", "mla_v_head_dim",
                   "attn_res_blocks")
         p = self.layer_pattern
         _check(isinstance(p, str) and len(p) > 0 and set(p) <= set(LAYER_KINDS), "layer_pattern", p,
@@ -289,6 +305,15 @@ class ModelConfig(JsonConfig):
                f"a pattern whose length divides n_layers={self.n_layers}")
         _check(self.kda_gate in DECAY_GATES, "kda_gate", self.kda_gate, f"one of {DECAY_GATES}")
         _check(self.g_min < 0.0, "g_min", self.g_min, "a negative float (e.g. -5.0)")
+        for n in ("kda_out_gate_rank", "mla_q_lora_rank"):
+            v = getattr(self, n)
+            _check(isinstance(v, int) and not isinstance(v, bool) and v >= 0, n, v,
+                   "a non-negative integer (0 = full rank)")
+        for n in ("kda_l2_eps", "mla_norm_eps"):
+            v = getattr(self, n)
+            _check(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0), n, v,
+                   "null or a float > 0")
+        _check(isinstance(self.mla_gate, bool), "mla_gate", self.mla_gate, "true or false")
         _check(self.attn_res_blocks <= self.n_layers, "attn_res_blocks", self.attn_res_blocks,
                f"an integer in [1, n_layers={self.n_layers}]")
         _check(self.norm_eps > 0, "norm_eps", self.norm_eps, "a float > 0")

@@ -2,8 +2,11 @@
 
 Per token: one fused projection gives ``q|k|v`` (then a depthwise causal conv of width ``W`` and SiLU),
 the write strength ``β = sigmoid(·)``, a rank-``r`` decay-gate input and the output gate. ``q, k`` are
-L2-normalised per head (the op expects it), the decay is ``g = g_min·sigmoid(e^A ⊙ h)`` (bounded) or the
-softplus baseline, and the output is ``o_proj(RMSNorm(o) ⊙ sigmoid(W_g x))``.
+L2-normalised per head (the op expects it), the decay is ``g = g_min·sigmoid(e^A ⊙ h)`` (bounded), the
+softplus baseline, or Kimi-Linear's ``-e^{A_log}·softplus(h)`` (``kda_gate="kimi"``: ``A_log`` per head,
+``h`` carries ``dt_bias`` as the gate bias; the unbounded gate runs the op's log-space chunk path), and the
+output is ``o_proj(RMSNorm(o) ⊙ sigmoid(W_g x))`` (``W_g`` full rank, or ``d -> r -> H·V`` with
+``kda_out_gate_rank = r``).
 
 Decode carries the recurrent state and the last ``W-1`` conv inputs, so one token costs O(1) in the
 context length. Packed documents reset both: the op resets the state at ``cu_seqlens`` and the conv
@@ -21,7 +24,7 @@ from torch import nn
 from longmoe.cache import KDAState, Packing
 from longmoe.config import ModelConfig
 from longmoe.layers.norm import GatedRMSNorm
-from longmoe.ops.gates import bounded_decay, softplus_decay
+from longmoe.ops.gates import bounded_decay, kimi_decay, softplus_decay
 from longmoe.ops.kda import kda_chunk, kda_step
 
 # decay init: per channel, -g (log-decay per token) is log-uniform in this range at init, so the layer
@@ -62,25 +65,35 @@ class KDALayer(nn.Module):
         self.H, self.K, self.V, self.r = H, K, K, cfg.kda_gate_rank
         self.conv_size, self.chunk_size = cfg.kda_conv_size, cfg.kda_chunk_size
         self.gate_kind, self.g_min, self.eps = cfg.kda_gate, cfg.g_min, cfg.norm_eps
+        self.l2_eps = cfg.kda_l2_eps
+        self.intra = "logspace" if self.gate_kind == "kimi" else "factorised"  # the op's in-chunk path
         self.qkv_dim = 3 * H * K
-        self.splits = (self.qkv_dim, H, self.r, H * self.V)  # q|k|v, β, gate rank, output gate
+        og = cfg.kda_out_gate_rank or H * self.V
+        self.splits = (self.qkv_dim, H, self.r, og)  # q|k|v, β, gate rank, output gate (or its rank)
         self.in_proj = nn.Linear(d, sum(self.splits), bias=False)
+        self.out_gate_up = nn.Linear(og, H * self.V, bias=False) if cfg.kda_out_gate_rank else None
         self.conv_weight = nn.Parameter(torch.empty(self.qkv_dim, self.conv_size))  # [C, W]
         self.gate_up = nn.Linear(self.r, H * K, bias=True)  # rank-r decay gate; bias sets the init decay
-        self.A = nn.Parameter(torch.zeros(H, K))  # log-scale of the gate (e^A ⊙ h)
+        # log-scale of the gate (e^A ⊙ h): per channel, or per head for Kimi-Linear's A_log
+        self.A = nn.Parameter(torch.zeros(H, 1 if self.gate_kind == "kimi" else K))
         self.out_norm = GatedRMSNorm(self.V, cfg.norm_eps)
         self.o_proj = nn.Linear(H * self.V, d, bias=False)
 
     @staticmethod
     def param_count(cfg: ModelConfig) -> int:
         d, H, K, r, W = cfg.d_model, cfg.kda_heads, cfg.kda_head_dim, cfg.kda_gate_rank, cfg.kda_conv_size
-        in_proj = d * (3 * H * K + H + r + H * K)
-        return in_proj + 3 * H * K * W + (r * H * K + H * K) + H * K + K + H * K * d
+        og = cfg.kda_out_gate_rank
+        out_gate = d * H * K if og == 0 else og * (d + H * K)
+        A = H if cfg.kda_gate == "kimi" else H * K
+        in_proj = d * (3 * H * K + H + r)
+        return in_proj + out_gate + 3 * H * K * W + (r * H * K + H * K) + A + K + H * K * d
 
     @torch.no_grad()
     def init_weights(self, std: float, out_std: float) -> None:
         nn.init.normal_(self.in_proj.weight, std=std)
         nn.init.normal_(self.gate_up.weight, std=std)
+        if self.out_gate_up is not None:
+            nn.init.normal_(self.out_gate_up.weight, std=std)
         nn.init.normal_(self.o_proj.weight, std=out_std)
         bound = 1.0 / math.sqrt(self.conv_size)  # PyTorch's default depthwise-conv init
         nn.init.uniform_(self.conv_weight, -bound, bound)
@@ -118,6 +131,7 @@ class KDALayer(nn.Module):
                     output_final_state=state is not None,
                     cu_seqlens=None if packing is None else packing.cu_seqlens,
                     chunk_size=self.chunk_size,
+                    intra=self.intra,
                 )  # [B, T, H, V]
         if state is not None:
             state.state, state.conv = new_state, tail.detach()
@@ -137,19 +151,33 @@ class KDALayer(nn.Module):
         qkv, beta, gate_in, out_gate = self.in_proj(x).split(self.splits, dim=-1)
         qkv, tail = _causal_conv(qkv, self.conv_weight, conv_tail, packing)
         q, k, v = F.silu(qkv).view(B, T, 3, H, K).unbind(2)  # [B, T, H, K] each
-        q = F.normalize(q, dim=-1)
-        k = F.normalize(k, dim=-1)
+        q, k = self._l2(q), self._l2(k)
         beta = torch.sigmoid(beta.float())  # [B, T, H]
         h = self.gate_up(gate_in).float().view(B, T, H, K)
         A = self.A.float()
-        g = bounded_decay(h, A, self.g_min) if self.gate_kind == "bounded" else softplus_decay(h, A)
+        if self.gate_kind == "bounded":
+            g = bounded_decay(h, A, self.g_min)
+        elif self.gate_kind == "kimi":
+            g = kimi_decay(h, A)
+        else:
+            g = softplus_decay(h, A)
         return q, k, v, g, beta, out_gate, tail
 
     def output(self, o: torch.Tensor, out_gate: torch.Tensor) -> torch.Tensor:
         """``o_proj(RMSNorm(o) ⊙ sigmoid(gate))``: operator output ``o [B, T, H, V]`` -> ``[B, T, d]``."""
         B, T, H, V = o.shape
+        if self.out_gate_up is not None:  # the low-rank output gate's second factor
+            out_gate = self.out_gate_up(out_gate)
         o = self.out_norm(o, out_gate.view(B, T, H, V))
         return self.o_proj(o.reshape(B, T, H * V))  # [B, T, d]
+
+    def _l2(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-head L2 normalisation: ``x / max(|x|, 1e-12)``, or ``x / sqrt(|x|² + eps)`` in fp32 with
+        ``kda_l2_eps`` (flash-linear-attention's and Kimi-Linear's form)."""
+        if self.l2_eps is None:
+            return F.normalize(x, dim=-1)
+        xf = x.float()
+        return (xf / torch.sqrt((xf * xf).sum(-1, keepdim=True) + self.l2_eps)).to(x.dtype)
 
     def new_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> KDAState:
         return KDAState(

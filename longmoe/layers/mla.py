@@ -1,8 +1,9 @@
 """Gated Multi-head Latent Attention, NoPE: softmax attention whose only cache is a latent ``c``.
 
 ``c_t = RMSNorm(W_dkv x_t) ∈ R^{d_c}`` is cached; per head ``k = W_uk c``, ``v = W_uv c``; queries go
-through a low rank ``q = W_uq RMSNorm(W_dq x)``. No positional encoding at all. The head outputs are
-gated element-wise by ``sigmoid(W_gate x)`` before ``o_proj`` (no attention sinks).
+through a low rank ``q = W_uq RMSNorm(W_dq x)`` (or one full-rank ``W_q x`` with ``mla_q_lora_rank = 0``).
+No positional encoding at all. The head outputs are gated element-wise by ``sigmoid(W_gate x)`` before
+``o_proj`` (no attention sinks); ``mla_gate = False`` drops the gate (Kimi-Linear's MLA).
 
 Two ways to attend against the cache, which must agree:
 - naive: expand ``k, v`` for every cached token, then attend;
@@ -32,11 +33,13 @@ class MLALayer(nn.Module):
         d, H = cfg.d_model, cfg.mla_heads
         self.H, self.Dq, self.Dv = H, cfg.mla_head_dim, cfg.mla_v_head_dim
         self.q_rank, self.d_c = cfg.mla_q_lora_rank, cfg.mla_kv_lora_rank
-        self.splits = (self.q_rank, self.d_c, H * self.Dv)  # q down | kv down | output gate
+        eps = cfg.norm_eps if cfg.mla_norm_eps is None else cfg.mla_norm_eps
+        # q down (or the full-rank q) | kv down | output gate (absent without mla_gate)
+        self.splits = (self.q_rank or H * self.Dq, self.d_c, H * self.Dv if cfg.mla_gate else 0)
         self.in_proj = nn.Linear(d, sum(self.splits), bias=False)
-        self.q_norm = RMSNorm(self.q_rank, cfg.norm_eps)
-        self.q_up = nn.Linear(self.q_rank, H * self.Dq, bias=False)
-        self.kv_norm = RMSNorm(self.d_c, cfg.norm_eps)
+        self.q_norm = RMSNorm(self.q_rank, eps) if self.q_rank else None
+        self.q_up = nn.Linear(self.q_rank, H * self.Dq, bias=False) if self.q_rank else None
+        self.kv_norm = RMSNorm(self.d_c, eps)
         self.kv_up = nn.Linear(self.d_c, H * (self.Dq + self.Dv), bias=False)  # W_uk (all heads) | W_uv
         self.o_proj = nn.Linear(H * self.Dv, d, bias=False)
         self.scale = self.Dq**-0.5
@@ -46,14 +49,18 @@ class MLALayer(nn.Module):
     def param_count(cfg: ModelConfig) -> int:
         d, H, Dq, Dv = cfg.d_model, cfg.mla_heads, cfg.mla_head_dim, cfg.mla_v_head_dim
         rq, dc = cfg.mla_q_lora_rank, cfg.mla_kv_lora_rank
-        return d * (rq + dc + H * Dv) + rq + rq * H * Dq + dc + dc * H * (Dq + Dv) + H * Dv * d
+        q = d * rq + rq + rq * H * Dq if rq else d * H * Dq
+        gate = d * H * Dv if cfg.mla_gate else 0
+        return q + d * dc + gate + dc + dc * H * (Dq + Dv) + H * Dv * d
 
     @torch.no_grad()
     def init_weights(self, std: float, out_std: float) -> None:
         for lin in (self.in_proj, self.q_up, self.kv_up):
-            nn.init.normal_(lin.weight, std=std)
+            if lin is not None:
+                nn.init.normal_(lin.weight, std=std)
         nn.init.normal_(self.o_proj.weight, std=out_std)
-        self.q_norm.weight.fill_(1.0)
+        if self.q_norm is not None:
+            self.q_norm.weight.fill_(1.0)
         self.kv_norm.weight.fill_(1.0)
 
     def _w_uk_uv(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,10 +109,13 @@ class MLALayer(nn.Module):
 
     # the three pieces around the attention (also the seam context parallelism builds on)
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``x [B, T, d]`` -> ``(q [B, H, T, Dq], latent c [B, T, d_c], output gate [B, T, H·Dv])``."""
+        """``x [B, T, d]`` -> ``(q [B, H, T, Dq], latent c [B, T, d_c], output gate [B, T, H·Dv])``
+        (the gate is ``[B, T, 0]`` without ``mla_gate``)."""
         B, T, _ = x.shape
         q_lat, c, gate = self.in_proj(x).split(self.splits, dim=-1)
-        q = self.q_up(self.q_norm(q_lat)).view(B, T, self.H, self.Dq).transpose(1, 2)  # [B, H, T, Dq]
+        if self.q_up is not None:  # low-rank q; with mla_q_lora_rank = 0, q_lat is already q
+            q_lat = self.q_up(self.q_norm(q_lat))
+        q = q_lat.view(B, T, self.H, self.Dq).transpose(1, 2)  # [B, H, T, Dq]
         return q, self.kv_norm(c), gate
 
     def expand_kv(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,9 +125,12 @@ class MLALayer(nn.Module):
         return k.view(B, -1, H, Dq).transpose(1, 2), v.view(B, -1, H, Dv).transpose(1, 2)
 
     def output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """Gate the head outputs ``o [B, H, T, Dv]`` by ``sigmoid(gate)`` and project: ``[B, T, d]``."""
+        """Gate the head outputs ``o [B, H, T, Dv]`` by ``sigmoid(gate)`` (unless ``mla_gate`` is off) and
+        project: ``[B, T, d]``."""
         B, H, T, Dv = o.shape
-        o = o.transpose(1, 2) * torch.sigmoid(gate).view(B, T, H, Dv)  # [B, T, H, Dv]
+        o = o.transpose(1, 2)  # [B, T, H, Dv]
+        if self.splits[2]:  # no gate without mla_gate (gate is then [B, T, 0])
+            o = o * torch.sigmoid(gate).view(B, T, H, Dv)
         return self.o_proj(o.reshape(B, T, H * Dv))
 
     @staticmethod

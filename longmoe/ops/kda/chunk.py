@@ -3,8 +3,10 @@ batched dense matrix products over every chunk of every head at once, and only t
 chunk-to-chunk state update in a Python loop. It computes what ``naive.kda_recurrent`` computes.
 
 The factorised form ``(Q⊙e^Γ)(K⊙e^{−Γ})ᵀ`` is only finite when the cumulative in-chunk log-decay ``Γ``
-stays above ≈ −88 (fp32/bf16): ``ops.gates.bounded_decay`` guarantees that for ``C = 16``. See
-docs/kda.md for the derivation.
+stays above ≈ −88 (fp32/bf16): ``ops.gates.bounded_decay`` guarantees that for ``C = 16``. For unbounded
+gates (``ops.gates.kimi_decay``) ``intra="logspace"`` forms the same in-chunk products from pairwise
+differences ``e^{Γ_i − Γ_j}`` (``j ≤ i``, so every exponent is ≤ 0): exact at any gate value, at the cost
+of a ``[C, C, K]`` elementwise product per chunk instead of one GEMM. See docs/kda.md for the derivation.
 """
 
 from __future__ import annotations
@@ -15,6 +17,30 @@ import torch.nn.functional as F
 from longmoe.ops.kda.checks import check_inputs, check_state, compute_dtype, resolve_scale
 
 DEFAULT_CHUNK_SIZE = 16
+INTRA_MODES = ("factorised", "logspace")
+_LOGSPACE_SLAB = 1 << 24  # elements of the [n, G, C, C, K] pairwise decays formed at once (64 MB fp32)
+
+
+def _intra_logspace(kq: torch.Tensor, gam: torch.Tensor) -> torch.Tensor:
+    """``[K | Q] ⊙ e^Γ (K ⊙ e^{−Γ})ᵀ`` on and below the diagonal without forming ``e^{−Γ}``.
+
+    ``kq``: ``[N, G, 2, C, K]`` (K rows then Q rows), ``gam``: ``[N, G, C, K]`` in-chunk cumulative
+    log-decays. Entry ``(i, j)`` is ``Σ_c X_i[c] K_j[c] e^{Γ_i[c] − Γ_j[c]}`` for ``j ≤ i`` and 0 above the
+    diagonal, so no exponent is positive. Returns ``[N, G, 2C, C]`` like the factorised product, built
+    in slabs of chunks so the ``[C, C, K]`` decays stay within ``_LOGSPACE_SLAB`` elements.
+    """
+    N, G, _, C, K = kq.shape
+    above = torch.triu(torch.ones(C, C, dtype=torch.bool, device=kq.device), diagonal=1)[..., None]
+    step = max(1, _LOGSPACE_SLAB // max(1, G * C * C * K))
+    out = []
+    for n0 in range(0, N, step):
+        g = gam[n0 : n0 + step]  # [n, G, C, K]
+        decay = (g.unsqueeze(-2) - g.unsqueeze(-3)).masked_fill(above, float("-inf")).exp()  # [n, G, C, C, K]
+        x = kq[n0 : n0 + step]  # [n, G, 2, C, K]
+        kj = x[:, :, 0].unsqueeze(-3)  # [n, G, 1, C, K]  key j
+        prod = (x.unsqueeze(-2) * (decay.unsqueeze(2) * kj.unsqueeze(2))).sum(-1)  # [n, G, 2, C, C]
+        out.append(prod.flatten(2, 3))
+    return torch.cat(out)  # [N, G, 2C, C]
 
 
 def _chunk_layout(cu_seqlens: torch.Tensor | None, B: int, T: int, C: int, device: torch.device):
@@ -86,8 +112,12 @@ def kda_chunk(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    intra: str = "factorised",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked KDA: the same result as ``kda_recurrent`` with all intra-chunk work as batched GEMMs.
+
+    ``intra``: ``"factorised"`` (GEMMs; needs the in-chunk log-decay sum above ≈ −88, which the bounded
+    gate guarantees) or ``"logspace"`` (pairwise decays, exact for any gate; see the module docstring).
 
     ``q, k, g``: ``[B, T, H, K]``; ``v``: ``[B, T, H, V]``; ``beta``: ``[B, T, H]``. With ``cu_seqlens``
     (``[N+1]`` LongTensor of document offsets, ``B == 1``) the state resets at every document boundary
@@ -107,6 +137,8 @@ def kda_chunk(
     B, T, H, K, V = check_inputs(q, k, v, g, beta)
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
+    if intra not in INTRA_MODES:
+        raise ValueError(f"intra: expected one of {INTRA_MODES}, got {intra!r}")
     if cu_seqlens is not None:
         _check_cu_seqlens(cu_seqlens, B, T, q.device)
         n_docs = cu_seqlens.numel() - 1
@@ -139,10 +171,16 @@ def kda_chunk(
     gam = gc.cumsum(dim=-2)  # [N, G, C, K]  Γ in [C·g_min, 0]: e^{±Γ} finite iff |Γ| < ~88
     e_pos = gam.exp()  # e^Γ
     kq_pos = kq * e_pos.unsqueeze(2)  # [N, G, 2, C, K]  K⊙e^Γ | Q⊙e^Γ
-    # K⊙e^{−Γ} as a product with its own exp, not K / e^Γ: the backward of a division forms K·e^{−2Γ},
-    # which overflows fp32 once Γ < −44 (a channel near g_min for 9+ steps of a chunk): inf in dg
-    k_neg = kq[:, :, 0] * (-gam).exp()  # [N, G, C, K]
-    inter = kq_pos.view(N, G, 2 * C, K) @ k_neg.transpose(-1, -2)  # [N, G, 2C, C]
+    d_last = e_pos[..., -1, :].unsqueeze(-1).contiguous()  # [N, G, K, 1]  e^{Γ_C}
+    if intra == "factorised":
+        # K⊙e^{−Γ} as a product with its own exp, not K / e^Γ: the backward of a division forms K·e^{−2Γ},
+        # which overflows fp32 once Γ < −44 (a channel near g_min for 9+ steps of a chunk): inf in dg
+        k_neg = kq[:, :, 0] * (-gam).exp()  # [N, G, C, K]
+        inter = kq_pos.view(N, G, 2 * C, K) @ k_neg.transpose(-1, -2)  # [N, G, 2C, C]
+        k_dec = k_neg * d_last.transpose(-1, -2)  # [N, G, C, K]  K⊙e^{Γ_C−Γ}
+    else:
+        inter = _intra_logspace(kq, gam)  # [N, G, 2C, C]
+        k_dec = kq[:, :, 0] * (gam[..., -1:, :] - gam).exp()  # [N, G, C, K]  K⊙e^{Γ_C−Γ}, exponents ≤ 0
     a_kk = torch.tril(bc * inter[..., :C, :], diagonal=-1)  # [N, G, C, C]  strictly lower: A
     a_qk = torch.tril(inter[..., C:, :])  # [N, G, C, C]  causal incl. diagonal: P
     # WY/UT transform: (I + A)^{-1} by one unit-triangular solve against the C×C identity (cheaper than
@@ -151,8 +189,7 @@ def kda_chunk(
     a_inv = torch.linalg.solve_triangular(a_kk, eye, upper=False, unitriangular=True)  # [N, G, C, C]
     wu = (a_inv * bc.transpose(-1, -2)) @ torch.cat([kq_pos[:, :, 0], vc], dim=-1)  # [N, G, C, K+V]
     w, u = wu[..., :K].contiguous(), wu[..., K:].contiguous()  # [N, G, C, K], [N, G, C, V]
-    d_last = e_pos[..., -1, :].unsqueeze(-1).contiguous()  # [N, G, K, 1]  e^{Γ_C}
-    k_dec_t = (k_neg * d_last.transpose(-1, -2)).transpose(-1, -2).contiguous()  # [N, G, K, C]
+    k_dec_t = k_dec.transpose(-1, -2).contiguous()  # [N, G, K, C]
 
     # ---- the only sequential part: V'_n = U − W S_n,  S_{n+1} = Diag(e^{Γ_C}) S_n + (K⊙e^{Γ_C−Γ})ᵀ V'_n ----
     init = None if initial_state is None else initial_state.to(cdt).reshape(-1, G, K, V)  # [docs, G, K, V]

@@ -2,7 +2,8 @@
 combine weights.
 
 ``route`` selects on the *biased* scores ``sigmoid(logits) + bias`` (ties toward the lower expert index,
-``topk_lowest_index``) and weights by the *unbiased* selected scores, renormalised (``combine_weights``).
+``topk_lowest_index``; with ``n_group > 1`` only inside each token's best groups, ``mask_to_top_groups``)
+and weights by the *unbiased* selected scores, renormalised (``combine_weights``).
 ``selected_logits`` is the differentiable gather of the selected router logits whose backward touches
 only the ``k`` selected experts per token.
 """
@@ -40,17 +41,44 @@ def topk_lowest_index(v: torch.Tensor, k: int) -> torch.Tensor:
     return idx.sort(dim=-1).values
 
 
+def mask_to_top_groups(biased: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
+    """Grouped top-k (DeepSeek-V3, Kimi-Linear): keep only each token's ``topk_group`` best groups.
+
+    ``biased``: ``[N, E]`` selection scores, experts in ``n_group`` contiguous equal groups. A group's
+    score is the sum of its two best entries (its best one for groups of one expert); the experts of the
+    other groups are set to ``-inf`` so a top-k over the result picks inside the kept groups. Ties between
+    groups go to the lower group index, as in ``topk_lowest_index``.
+    """
+    N, E = biased.shape
+    grouped = biased.view(N, n_group, E // n_group)  # [N, n_group, E/n_group]
+    group_score = grouped.topk(min(2, E // n_group), dim=-1).values.sum(-1)  # [N, n_group]
+    keep = torch.zeros(N, n_group, dtype=torch.bool, device=biased.device)
+    keep.scatter_(1, topk_lowest_index(group_score, topk_group), True)
+    return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(N, E)
+
+
 def route(
-    logits: torch.Tensor, bias: torch.Tensor, top_k: int, routed_scale: float = 1.0
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    top_k: int,
+    routed_scale: float = 1.0,
+    n_group: int = 1,
+    topk_group: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sigmoid router: select on ``scores + bias``, weight by the unbiased selected scores renormalised.
+
+    With ``n_group > 1`` selection is grouped (``mask_to_top_groups``): only experts of the token's
+    ``topk_group`` best groups can be picked.
 
     Returns ``(scores [N, E] fp32, idx [N, k] long, weights [N, k] fp32)``. ``bias`` never reaches the
     weights, and selection is not differentiable, so the bias gets no gradient by construction.
     """
     scores = torch.sigmoid(logits.float())  # [N, E]
     with torch.no_grad():
-        idx = topk_lowest_index(scores + bias.float(), top_k)  # [N, k]
+        biased = scores + bias.float()
+        if n_group > 1:
+            biased = mask_to_top_groups(biased, n_group, topk_group)
+        idx = topk_lowest_index(biased, top_k)  # [N, k]
     return scores, idx, combine_weights(scores.gather(1, idx), routed_scale)  # w [N, k]
 
 
