@@ -227,6 +227,13 @@ def resolve_model_dir(path: str | Path) -> Path:
     for c in reversed(list_checkpoints(p)):
         if is_complete(c, verify_hashes=False) and is_model_dir(c):  # sharded ones are not
             return c
+    if all((p / f).is_file() for f in MODEL_FILES[:2]):  # config + weights, no tokenizer.json
+        raise FileNotFoundError(
+            f"{p} has {MODEL_FILES[0]} and {MODEL_FILES[1]} but no {MODEL_FILES[2]}: a weights-only model "
+            "directory (e.g. `longmoe convert --from-hf` of a checkpoint whose tokenizer longmoe cannot "
+            "load). LongMoE.from_pretrained loads it to score token ids; to serve, chat or evaluate text, "
+            f"put a longmoe {MODEL_FILES[2]} (vocabulary within the model's vocab_size) into {p}"
+        )
     raise FileNotFoundError(
         f"{p} is neither a model directory ({', '.join(MODEL_FILES)}) nor a training run with "
         f"{FINAL_DIR}/ or a complete {CKPT_DIR}/{STEP_PREFIX}*/ checkpoint"

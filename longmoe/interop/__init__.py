@@ -1,0 +1,1 @@
+"""Interoperability with other model formats: transformers Kimi-Linear checkpoints (``longmoe convert``)."""
