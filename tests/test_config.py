@@ -4,6 +4,7 @@ import re
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 
 from longmoe.config import (
     ConfigError,
@@ -35,6 +36,14 @@ def test_presets_validate_and_round_trip(name, tmp_path):
         ({"ffn": FFNConfig(kind="moe", n_experts=4, top_k=8)}, "ffn.top_k"),
         ({"ffn": FFNConfig(balancer="magic")}, "ffn.balancer"),
         ({"ffn": FFNConfig(latent_ratio=3)}, "ffn.latent_ratio"),
+        ({"ffn": FFNConfig(n_experts=8, n_group=3)}, "ffn.n_group"),
+        ({"ffn": FFNConfig(n_experts=8, n_group=4, topk_group=5)}, "ffn.topk_group"),
+        ({"ffn": FFNConfig(n_experts=8, top_k=3, n_group=4, topk_group=1)}, "ffn.top_k"),
+        ({"kda_out_gate_rank": -1}, "kda_out_gate_rank"),
+        ({"mla_q_lora_rank": -2}, "mla_q_lora_rank"),
+        ({"kda_l2_eps": 0.0}, "kda_l2_eps"),
+        ({"mla_norm_eps": -1e-6}, "mla_norm_eps"),
+        ({"mla_gate": 1}, "mla_gate"),
     ],
 )
 def test_bad_configs_name_the_field(changes, field):
@@ -110,3 +119,26 @@ def test_dataclass_from_dict_builds_nested_configs_and_round_trips(tmp_path):
         ConfigError, match=r"'tags' = \['a', 1\] is invalid: expected a list, each item a string"
     ):
         check_types(_Leaf(tags=["a", 1]))  # type: ignore[list-item]
+
+
+def test_kimi_linear_options_build_and_keep_defaults():
+    """The options Kimi-Linear import needs are off by default; turned on they build a model whose
+    parameter count matches the layers' formulas (used by ``longmoe inspect``)."""
+    from longmoe.inspect import param_counts
+    from longmoe.model import LongMoE
+
+    d = ModelConfig()
+    assert (d.kda_gate, d.kda_out_gate_rank, d.kda_l2_eps, d.mla_gate, d.mla_norm_eps) == (
+        "bounded", 0, None, True, None,
+    )  # fmt: skip
+    assert (d.ffn.n_group, d.ffn.topk_group) == (1, 1)
+    cfg = preset("tiny").replace(
+        kda_gate="kimi", kda_out_gate_rank=8, kda_l2_eps=1e-6, mla_q_lora_rank=0, mla_gate=False,
+        mla_norm_eps=1e-6, attn_res=False,
+        ffn=FFNConfig(kind="moe", n_experts=8, top_k=2, n_group=4, topk_group=2, first_k_dense=1,
+                      latent_ratio=1, expert_hidden=32, shared_hidden=32),
+    )  # fmt: skip
+    model = LongMoE(cfg)
+    assert model.num_parameters() == sum(param_counts(cfg).values())
+    out = model(torch.randint(0, cfg.vocab_size, (1, 40)))
+    assert torch.isfinite(out.logits).all()

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from longmoe.ops.gates import bounded_decay, softplus_decay
+from longmoe.ops.gates import bounded_decay, kimi_decay, softplus_decay
 
 
 def test_bounded_decay_formula_and_range():
@@ -47,3 +47,19 @@ def test_bounded_decay_rejects_non_negative_g_min(g_min):
 def test_gate_argument_errors(fn, h, A, match):
     with pytest.raises(ValueError, match=match):
         fn(h, A)
+
+
+def test_kimi_decay_formula_per_head_rate_and_bias():
+    """Kimi-Linear's ``-exp(A_log)·softplus(f + dt_bias)``: one rate per head, broadcast over channels;
+    unbounded below, fp32 even for bf16 input, and equal to the softplus baseline with the bias folded."""
+    torch.manual_seed(0)
+    f = torch.randn(2, 5, 3, 4) * 10
+    A_log = torch.rand(3, 1) * 2
+    dt = torch.randn(3, 4)
+    g = kimi_decay(f, A_log, dt)
+    assert torch.allclose(g, -A_log.exp() * F.softplus(f + dt))
+    assert torch.allclose(g, softplus_decay(f + dt, A_log.expand(3, 4)))
+    assert g.max() < 0 and g.min() < -30
+    assert kimi_decay(f.bfloat16(), A_log.bfloat16()).dtype == torch.float32
+    with pytest.raises(ValueError, match="dt_bias"):
+        kimi_decay(f, A_log, torch.zeros(4))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longmoe.ops.moe import route, selected_logits, topk_lowest_index
+from longmoe.ops.moe import mask_to_top_groups, route, selected_logits, topk_lowest_index
 
 
 def test_topk_ties_break_toward_lower_index_deterministically():
@@ -62,3 +62,36 @@ def test_combine_weights_stay_finite_when_selected_scores_underflow():
     assert torch.isfinite(w).all() and (w == 0).all()
     w.sum().backward()
     assert torch.isfinite(logits.grad).all()
+
+
+def _grouped_reference(biased: torch.Tensor, n_group: int, topk_group: int, k: int) -> list[list[int]]:
+    """Grouped top-k spelled out per token: rank groups by the sum of their two best scores, keep the best
+    ``topk_group``, then take the ``k`` best experts among the kept ones."""
+    out = []
+    E = biased.shape[1]
+    size = E // n_group
+    for row in biased.tolist():
+        groups = [sorted(row[g * size : (g + 1) * size], reverse=True) for g in range(n_group)]
+        gscore = [sum(g[:2]) for g in groups]
+        kept = sorted(range(n_group), key=lambda g: -gscore[g])[:topk_group]
+        cand = [e for e in range(E) if e // size in kept]
+        out.append(sorted(sorted(cand, key=lambda e: -row[e])[:k]))
+    return out
+
+
+@pytest.mark.parametrize(("n_group", "topk_group", "k"), [(4, 2, 3), (8, 3, 3), (2, 1, 4), (4, 4, 2)])
+def test_grouped_routing_matches_the_spelled_out_rule(n_group, topk_group, k):
+    torch.manual_seed(n_group * 10 + topk_group)
+    logits, bias = torch.randn(50, 16), 0.1 * torch.randn(16)
+    scores, idx, w = route(logits, bias, k, 2.0, n_group=n_group, topk_group=topk_group)
+    assert idx.tolist() == _grouped_reference(scores + bias, n_group, topk_group, k)
+    sel = scores.gather(1, idx)
+    assert torch.allclose(w, sel / sel.sum(-1, keepdim=True) * 2.0)  # weights: unbiased, renormalised
+
+
+def test_grouping_restricts_choices_and_one_group_is_plain_topk():
+    biased = torch.tensor([[0.9, 0.1, 0.8, 0.7, 0.2, 0.6, 0.5, 0.4]])  # groups of 2: sums 1.0, 1.5, .8, .9
+    masked = mask_to_top_groups(biased, 4, 1)
+    assert torch.isinf(masked).sum() == 6 and masked[0, 2:4].tolist() == biased[0, 2:4].tolist()
+    logits = torch.randn(20, 8)
+    assert torch.equal(route(logits, torch.zeros(8), 2)[1], route(logits, torch.zeros(8), 2, 1.0, 1, 1)[1])

@@ -1,0 +1,67 @@
+"""``longmoe convert``: transformers Kimi-Linear checkpoints <-> longmoe model directories.
+
+    longmoe convert --from-hf SRC --out DST [--dtype float32|bfloat16]
+    longmoe convert --to-hf SRC --out DST
+
+Prints the wall time and the process's peak resident memory (the conversion streams tensors, so the
+peak stays near the largest single tensor plus one layer's experts, not the model size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+from longmoe.config import DTYPES, ConfigError
+from longmoe.interop.kimi_config import ConversionError
+from longmoe.interop.kimi_linear import from_hf, to_hf
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    way = parser.add_mutually_exclusive_group(required=True)
+    way.add_argument(
+        "--from-hf", type=Path, metavar="SRC", help="a transformers KimiLinearForCausalLM directory"
+    )
+    way.add_argument("--to-hf", type=Path, metavar="SRC", help="a longmoe model directory")
+    parser.add_argument("--out", type=Path, required=True, metavar="DST", help="directory to write")
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="--from-hf: longmoe weight dtype (default: the source's)",
+    )
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _dir_mb(d: Path) -> float:
+    return sum(f.stat().st_size for f in d.iterdir() if f.is_file()) / 2**20
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    try:
+        if args.from_hf is not None:
+            if args.out.exists() and any(args.out.iterdir()):
+                raise ConversionError(f"--out {args.out} exists and is not empty")
+            cfg = from_hf(args.from_hf, args.out, dtype=args.dtype)
+            what = f"{cfg.n_layers} layers ({cfg.layer_pattern}), d_model {cfg.d_model}, {cfg.dtype}"
+        else:
+            if args.dtype is not None:
+                raise ConversionError("--dtype applies to --from-hf only (--to-hf keeps the model's dtype)")
+            hf = to_hf(args.to_hf, args.out)
+            what = f"{hf['num_hidden_layers']} layers, hidden {hf['hidden_size']}, {hf['dtype']}"
+    except (ConversionError, ConfigError, FileNotFoundError) as e:
+        print(f"longmoe convert: error: {e}", file=sys.stderr)
+        return 2
+    src = args.from_hf if args.from_hf is not None else args.to_hf
+    print(
+        f"converted {src} ({_dir_mb(src):.1f} MB) -> {args.out} ({_dir_mb(args.out):.1f} MB): {what}; "
+        f"{time.perf_counter() - t0:.1f} s, peak RSS {_peak_rss_mb():.0f} MB"
+    )
+    return 0

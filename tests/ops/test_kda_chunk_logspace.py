@@ -1,0 +1,94 @@
+"""``kda_chunk(..., intra="logspace")``: the exact in-chunk path for unbounded gates (Kimi-Linear's
+``kimi_decay``), against the float64 token-by-token recurrence at real gate values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from longmoe.ops.gates import kimi_decay
+from longmoe.ops.kda import kda_chunk, kda_recurrent
+
+
+def kimi_inputs(B, T, H, K, V, *, seed=0, f_scale=3.0):
+    """KDA inputs with Kimi-Linear's gate at the values its checkpoints hold: ``A_log = log U(1, 16)``
+    per head and ``dt_bias`` around softplus⁻¹(1), so single-token log-decays reach tens and a chunk's
+    cumulative log-decay falls far below the fp32 exp limit (−88)."""
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)
+    q = F.normalize(r(B, T, H, K), dim=-1)
+    k = F.normalize(r(B, T, H, K), dim=-1)
+    v = r(B, T, H, V)
+    A_log = torch.empty(H, 1, dtype=torch.float64).uniform_(1.0, 16.0, generator=gen).log()
+    dt_bias = r(H, K) + math.log(math.expm1(1.0))
+    g = kimi_decay(r(B, T, H, K) * f_scale, A_log, dt_bias)
+    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    return q, k, v, g, beta
+
+
+def test_real_gate_values_overflow_the_factorised_form():
+    q, k, v, g, beta = (x.float() for x in kimi_inputs(1, 64, 2, 16, 8))
+    assert g.cumsum(1).min() < -1000  # far beyond exp's fp32 range within one 16-token chunk
+    o, _ = kda_chunk(q, k, v, g, beta, intra="factorised")
+    assert not torch.isfinite(o).all()
+
+
+@pytest.mark.parametrize("T", [1, 15, 16, 17, 100])
+@pytest.mark.parametrize("chunk_size", [16, 64])
+def test_logspace_fp32_matches_float64_recurrence(T, chunk_size):
+    x64 = kimi_inputs(2, T, 3, 16, 8, seed=T)
+    ref, s_ref = kda_recurrent(*x64, output_final_state=True)
+    o, s = kda_chunk(
+        *(x.float() for x in x64), output_final_state=True, chunk_size=chunk_size, intra="logspace"
+    )
+    assert (o.double() - ref).abs().max() < 2e-5
+    assert (s.double() - s_ref).abs().max() < 2e-5
+
+
+def test_logspace_float64_is_exact_and_carries_state():
+    q, k, v, g, beta = kimi_inputs(1, 50, 2, 8, 8, seed=3)
+    ref, s_ref = kda_recurrent(q, k, v, g, beta, output_final_state=True)
+    o1, s1 = kda_chunk(q[:, :23], k[:, :23], v[:, :23], g[:, :23], beta[:, :23], output_final_state=True,
+                       intra="logspace")  # fmt: skip
+    o2, s2 = kda_chunk(q[:, 23:], k[:, 23:], v[:, 23:], g[:, 23:], beta[:, 23:], initial_state=s1,
+                       output_final_state=True, intra="logspace")  # fmt: skip
+    assert (torch.cat([o1, o2], 1) - ref).abs().max() < 1e-12
+    assert (s2 - s_ref).abs().max() < 1e-12
+
+
+def test_logspace_varlen_resets_at_documents():
+    q, k, v, g, beta = kimi_inputs(1, 40, 2, 8, 4, seed=4)
+    cu = torch.tensor([0, 9, 9, 40])
+    o, _ = kda_chunk(q, k, v, g, beta, cu_seqlens=cu, intra="logspace")
+    for a, b in ((0, 9), (9, 40)):
+        ref, _ = kda_recurrent(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b])
+        assert (o[:, a:b] - ref).abs().max() < 1e-12
+
+
+def test_logspace_equals_factorised_where_both_are_finite():
+    q, k, v, g, beta = kimi_inputs(1, 48, 2, 8, 8, seed=5, f_scale=0.1)
+    g = g / g.abs().max() * 2.0  # |Γ| <= 32 per chunk: the factorised form is exact here too
+    a, _ = kda_chunk(q, k, v, g, beta, intra="factorised")
+    b, _ = kda_chunk(q, k, v, g, beta, intra="logspace")
+    assert (a - b).abs().max() < 1e-12
+
+
+def test_logspace_gradients_are_finite_and_match_recurrence():
+    xs = [x.float().requires_grad_() for x in kimi_inputs(1, 40, 2, 8, 8, seed=6)]
+    o, _ = kda_chunk(*xs, intra="logspace")
+    grads = torch.autograd.grad(o.square().sum(), xs)
+    xr = [x.detach().double().requires_grad_() for x in xs]
+    ref, _ = kda_recurrent(*xr)
+    rgrads = torch.autograd.grad(ref.square().sum(), xr)
+    for gc, gr in zip(grads, rgrads, strict=True):
+        assert torch.isfinite(gc).all()
+        assert (gc.double() - gr).abs().max() < 1e-3 * (1 + gr.abs().max())
+
+
+def test_intra_mode_is_validated():
+    q, k, v, g, beta = kimi_inputs(1, 4, 1, 4, 4)
+    with pytest.raises(ValueError, match="intra"):
+        kda_chunk(q, k, v, g, beta, intra="exact")
