@@ -10,6 +10,7 @@ peak stays near the largest single tensor plus one layer's experts, not the mode
 from __future__ import annotations
 
 import argparse
+import contextlib
 import resource
 import sys
 import time
@@ -35,7 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
+    """This process's peak resident memory: ``VmHWM`` (reset by exec, unlike ``ru_maxrss``, which a child
+    inherits from the process that forked it), else ``ru_maxrss``."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
@@ -62,6 +69,6 @@ def run(args: argparse.Namespace) -> int:
     src = args.from_hf if args.from_hf is not None else args.to_hf
     print(
         f"converted {src} ({_dir_mb(src):.1f} MB) -> {args.out} ({_dir_mb(args.out):.1f} MB): {what}; "
-        f"{time.perf_counter() - t0:.1f} s, peak RSS {_peak_rss_mb():.0f} MB"
+        f"{time.perf_counter() - t0:.1f} s, peak RSS {peak_rss_mb():.0f} MB"
     )
     return 0
