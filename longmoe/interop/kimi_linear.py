@@ -61,10 +61,12 @@ def _names(files: list[Path]) -> set[str]:
 
 
 def _tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of ``files``, one at a time: only the current one is read into memory."""
+    """Every tensor of ``files``, one at a time: only the current one is read into memory. The file is
+    reopened per tensor: ``safe_open`` maps the whole file, and the pages a long-lived mapping has
+    touched stay in the process's resident set (file-backed, but counted), growing it to the file size."""
     for fpath in files:
-        with safe_open(str(fpath), framework="pt") as fh:
-            for name in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
+        for name in sorted(_names([fpath])):
+            with safe_open(str(fpath), framework="pt") as fh:
                 yield name, fh.get_tensor(name)
 
 
