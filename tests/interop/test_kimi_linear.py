@@ -12,6 +12,7 @@ import torch
 from kimiutil import PROMPT_LENGTHS, VOCAB, hf_config, hf_model, save_hf
 from safetensors.torch import save_file
 
+from longmoe.checkpoint import load_model
 from longmoe.config import ModelConfig, preset
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.interop.kimi_config import ConversionError, config_from_hf, hf_layer_types
@@ -97,7 +98,7 @@ def test_engine_greedy_decode_matches(pair):
     hf, lm, _ = pair
     prompts = [p[0].tolist() for p in _prompts(2)[1:]]
     params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=5, ignore_eos=True)
-    with Engine(lm, tokenizer_for_tests(VOCAB), EngineConfig(chunk_size=8, max_batch=4)) as eng:
+    with Engine(lm, tokenizer_for_tests(VOCAB), EngineConfig(prefill_chunk=8, max_batch=4)) as eng:
         results = eng.generate_batch(prompts, params)
     for prompt, res in zip(prompts, results, strict=True):
         seq = torch.tensor([prompt + res.token_ids])
@@ -143,6 +144,8 @@ def test_weights_only_directory_is_explained(pair):
     _, _, root = pair
     record = json.loads((root / "lm" / RECORD_FILE).read_text())
     assert record["tokenizer"].startswith("none:") and "weights-only" in record["tokenizer"]
+    with pytest.raises(FileNotFoundError, match="weights-only"):
+        load_model(root / "lm")  # the one loader (serve, chat, eval go through it)
     with pytest.raises(FileNotFoundError, match="weights-only"):
         Engine.from_dir(root / "lm")
 
