@@ -53,9 +53,9 @@ def _dir_mb(d: Path) -> float:
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
+        if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+            raise ConversionError(f"--out {args.out} exists and is not an empty directory")
         if args.from_hf is not None:
-            if args.out.exists() and any(args.out.iterdir()):
-                raise ConversionError(f"--out {args.out} exists and is not empty")
             cfg = from_hf(args.from_hf, args.out, dtype=args.dtype)
             what = f"{cfg.n_layers} layers ({cfg.layer_pattern}), d_model {cfg.d_model}, {cfg.dtype}"
         else:

@@ -147,8 +147,10 @@ def from_hf(src: str | Path, dst: str | Path, dtype: str | None = None) -> Model
             raise ConversionError(f"{src}: {len(missing)} tensor(s) missing, e.g. {missing[:5]}")
         for name in writer.missing:  # MoE balancer state (load window, counters): starts empty
             writer.write(name, torch.zeros(specs[name][1], dtype=specs[name][0]))
-    finally:
-        writer.close()
+    except BaseException:
+        writer.abort()  # the original error, not a list of tensors never written
+        raise
+    writer.close()
     record = {
         "direction": "from-hf",
         "source": str(src),
@@ -184,8 +186,10 @@ def to_hf(src: str | Path, dst: str | Path) -> dict:
         for name, t in _tensors([src / WEIGHTS_FILE]):
             for hf_name, piece, shape in tmap.get(name, ()):
                 writer.write(hf_name, piece.read(t, shape))
-    finally:
-        writer.close()
+    except BaseException:
+        writer.abort()  # the original error, not a list of tensors never written
+        raise
+    writer.close()
     (dst / CONFIG_FILE).write_text(json.dumps(hf_cfg, indent=2) + "\n")
     if (src / TOKENIZER_FILE).is_file():
         shutil.copyfile(src / TOKENIZER_FILE, dst / TOKENIZER_FILE)

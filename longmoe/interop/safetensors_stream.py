@@ -91,3 +91,8 @@ class StreamingSafetensorsWriter:
             self.path.unlink(missing_ok=True)
             m = self.missing
             raise ValueError(f"{self.path}: {len(m)} tensor(s) never written, e.g. {m[:5]}")
+
+    def abort(self) -> None:
+        """Close and remove the unfinished file (after an error elsewhere; raises nothing itself)."""
+        self._f.close()
+        self.path.unlink(missing_ok=True)

@@ -38,4 +38,4 @@ def test_convert_errors_are_one_line(tmp_path, capsys):
     assert main(["convert", "--from-hf", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
     assert "config.json" in capsys.readouterr().err
     assert main(["convert", "--from-hf", str(tmp_path), "--out", str(tmp_path / "tiny")]) == 2
-    assert "not empty" in capsys.readouterr().err
+    assert "not an empty directory" in capsys.readouterr().err

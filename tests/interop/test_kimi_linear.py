@@ -209,3 +209,31 @@ def test_converted_config_round_trips_through_json(pair, tmp_path):
     _, lm, _ = pair
     lm.cfg.save(tmp_path / "c.json")
     assert ModelConfig.load(tmp_path / "c.json") == lm.cfg
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda sd: sd.pop("model.norm.weight"), "missing, e.g. \\['model.norm.weight'\\]"),
+        (
+            lambda sd: sd.update({"model.mtp.0.weight": torch.zeros(2)}),
+            "no place in longmoe.*model.mtp.0.weight",
+        ),
+        (
+            lambda sd: sd.update({"model.norm.weight": torch.zeros(7)}),
+            "model.norm.weight: expected shape \\[48\\]",
+        ),
+    ],
+)
+def test_incomplete_or_foreign_checkpoints_are_refused(pair, tmp_path, edit, message):
+    """The error names the tensor, and no half-written model.safetensors is left behind."""
+    hf, _, root = pair
+    d = tmp_path / "src"
+    d.mkdir()
+    (d / "config.json").write_text((root / "hf" / "config.json").read_text())
+    sd = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    edit(sd)
+    save_file(sd, str(d / "model.safetensors"))
+    with pytest.raises(ConversionError, match=message):
+        from_hf(d, tmp_path / "lm")
+    assert not (tmp_path / "lm" / "model.safetensors").exists()
