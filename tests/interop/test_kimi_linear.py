@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 
 from longmoe.checkpoint import load_model
 from longmoe.config import ModelConfig, preset
+from longmoe.inspect import param_counts
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.interop.kimi_config import ConversionError, config_from_hf, hf_layer_types
 from longmoe.interop.kimi_linear import RECORD_FILE, from_hf, to_hf
@@ -49,6 +50,7 @@ def test_config_maps_the_checkpoint(pair):
     assert cfg.ffn.routed_scale == pytest.approx(2.446)
     assert (cfg.ffn.n_shared, cfg.ffn.shared_hidden) == (2, 24)
     assert len(list((root / "hf").glob("model-*.safetensors"))) > 1  # the source really was sharded
+    assert lm.num_parameters() == sum(param_counts(cfg).values())  # `longmoe inspect` counts it right
 
 
 def test_full_forward_matches(pair):
