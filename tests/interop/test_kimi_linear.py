@@ -14,8 +14,8 @@ from safetensors.torch import save_file
 
 from longmoe.checkpoint import load_model
 from longmoe.config import ModelConfig, preset
-from longmoe.inspect import param_counts
 from longmoe.data.tokenizer import tokenizer_for_tests
+from longmoe.inspect import param_counts
 from longmoe.interop.kimi_config import ConversionError, config_from_hf, hf_layer_types
 from longmoe.interop.kimi_linear import RECORD_FILE, from_hf, to_hf
 from longmoe.model import LongMoE

@@ -19,7 +19,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from longmoe.serve.api import chat, completions, metrics, models, web
+from longmoe.serve.api import chat, completions, metrics, models, tokenize, web
 from longmoe.serve.api.errors import APIError, echo, error_response
 from longmoe.serve.api.middleware import CountResponses, HostGuard
 from longmoe.serve.api.security import ClientLimiter
@@ -45,6 +45,9 @@ ROUTES = [  # (method, path, handler)
     ("GET", "/v1/models/{model_id:path}", models.retrieve_model),
     ("POST", "/v1/completions", completions.create_completion),
     ("POST", "/v1/chat/completions", chat.create_chat_completion),
+    ("GET", "/tokenizer_info", tokenize.tokenizer_info),
+    ("POST", "/tokenize", tokenize.tokenize),
+    ("POST", "/detokenize", tokenize.detokenize),
 ]
 
 

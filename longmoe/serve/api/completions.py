@@ -1,48 +1,157 @@
-"""``POST /v1/completions``: a text or token-id prompt, the legacy completions format."""
+"""``POST /v1/completions``: a text or token-id prompt, the legacy completions format.
+
+``echo`` returns the prompt before the completion, and with ``logprobs`` the log-probability of every
+prompt token given the ones before it (``token_logprobs[0]`` is null), computed by
+``serve.scoring.score_prompt``; ``max_tokens: 0`` then scores without generating. This is what
+lm-evaluation-harness's ``local-completions`` backend sends for log-likelihood tasks (``echo``,
+``logprobs: 1``, ``max_tokens: 1``, the prompt as a batch of one token-id list). A batch of several
+prompts is accepted for echo requests only (not streamed), one choice per prompt.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 import uuid
+from collections.abc import Callable
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from longmoe.serve.api.errors import APIError
 from longmoe.serve.api.generation import respond, sampling_params, submit, usage
 from longmoe.serve.api.intake import read_request
 from longmoe.serve.api.protocol import CompletionRequest
-from longmoe.serve.api.state import server_state
-from longmoe.serve.request import Completion
+from longmoe.serve.api.state import ServerState, server_state
+from longmoe.serve.request import Completion, EngineError
+from longmoe.serve.scoring import PromptScores, score_prompt
+
+_SCORING = threading.Lock()  # one prompt scored at a time (it runs beside the engine's own steps)
+
+
+def _prompts(req: CompletionRequest) -> list[str | list[int]]:
+    """The request's prompts: one, or a batch (a list of strings or of token-id lists)."""
+    p = req.prompt
+    if isinstance(p, list) and p and isinstance(p[0], str | list):
+        if any(isinstance(x, list) and not x for x in p):
+            raise APIError(400, "prompt: empty prompt in the batch", "prompt", "invalid_value")
+        return list(p)
+    return [p]  # type: ignore[list-item]
+
+
+def _by_text(decode: Callable[[list[int]], str], row: list[tuple[int, float]]) -> dict[str, float]:
+    """OpenAI's legacy ``top_logprobs`` entry ``{token text: logprob}``; ids that decode to the same text
+    (broken UTF-8 pieces) keep the most likely one."""
+    out: dict[str, float] = {}
+    for i, v in row:
+        out.setdefault(decode([i]), v)
+    return out
+
+
+def _logprobs(st: ServerState, ids: list[int], lps: list, tops: list | None) -> dict:
+    decode = st.engine.tokenizer.decode
+    toks = [decode([i]) for i in ids]
+    offs = [sum(len(x) for x in toks[:k]) for k in range(len(toks))]
+    top = None if tops is None else [None if r is None else _by_text(decode, r) for r in tops]
+    return {"tokens": toks, "token_logprobs": lps, "top_logprobs": top, "text_offset": offs}
+
+
+def _join(a: dict, b: dict, shift: int) -> dict:
+    """The prompt's logprobs ``a`` followed by the completion's ``b`` (offsets moved by ``shift``)."""
+    tops = None if a["top_logprobs"] is None else a["top_logprobs"] + (b["top_logprobs"] or [])
+    return {
+        "tokens": a["tokens"] + b["tokens"],
+        "token_logprobs": a["token_logprobs"] + b["token_logprobs"],
+        "top_logprobs": tops,
+        "text_offset": a["text_offset"] + [o + shift for o in b["text_offset"]],
+    }
+
+
+def _completion_logprobs(st: ServerState, c: Completion) -> dict | None:
+    if c.logprobs is None:
+        return None
+    return _logprobs(st, c.token_ids, c.logprobs, c.top_logprobs)
+
+
+async def _generate(request: Request, ids: list[int], req: CompletionRequest) -> Completion:
+    """Run one completion to its end (echo batches: no streaming)."""
+    params = sampling_params(req, req.max_tokens, req.logprobs is not None, req.logprobs or 0)
+    h, q = await submit(request, ids, params)
+    try:
+        while (ev := await q.get()).done is None:
+            pass
+    except BaseException:
+        h.cancel()
+        raise
+    return ev.done
+
+
+def _scored(st: ServerState, ids: list[int], k: int) -> PromptScores:
+    with _SCORING:
+        return score_prompt(st.engine.model, ids, top_k=k)
+
+
+async def _echo(request: Request, st: ServerState, req: CompletionRequest, head: dict) -> Response:
+    if req.stream:
+        raise APIError(400, "echo: not supported together with stream", "echo", "unsupported")
+    choices, n_prompt, n_out = [], 0, 0
+    for index, prompt in enumerate(_prompts(req)):
+        try:
+            ids = await asyncio.to_thread(st.engine.encode_prompt, prompt)
+        except (EngineError, ValueError) as e:
+            raise APIError(400, f"prompt: {e}", "prompt", "invalid_value") from None
+        if not ids:
+            raise APIError(400, "prompt: expected at least one token", "prompt", "invalid_value")
+        if len(ids) + req.max_tokens > st.engine.max_context:
+            n, ctx = len(ids), st.engine.max_context
+            msg = f"prompt: {n} tokens + max_tokens {req.max_tokens} exceed the model's context of {ctx}"
+            raise APIError(400, msg, "prompt", "context_length_exceeded")
+        text = prompt if isinstance(prompt, str) else st.engine.tokenizer.decode(ids)
+        lp = None
+        if req.logprobs is not None:
+            s = await asyncio.to_thread(_scored, st, ids, req.logprobs)
+            lp = _logprobs(st, ids, s.token_logprobs, s.top_logprobs if req.logprobs else None)
+        finish, n_prompt = "length", n_prompt + len(ids)
+        if req.max_tokens > 0:
+            c = await _generate(request, ids, req)
+            text, finish, n_out = text + c.text, c.finish_reason, n_out + c.completion_tokens
+            more = _completion_logprobs(st, c)
+            if lp is not None and more is not None:
+                lp = _join(lp, more, len(text) - len(c.text))
+        choices.append({"index": index, "text": text, "logprobs": lp, "finish_reason": finish})
+    tokens = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+    return JSONResponse({**head, "choices": choices, "usage": tokens})
 
 
 async def create_completion(request: Request) -> Response:
     st = server_state(request)
     req = await read_request(request, CompletionRequest)
-    prompt = req.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        if len(prompt) != 1:
-            raise APIError(400, "prompt: batched prompts are not supported; send one per request", "prompt")
-        prompt = prompt[0]
-    if req.echo:
-        raise APIError(400, "echo: not supported", "echo", "unsupported")
-    params = sampling_params(req, req.max_tokens, req.logprobs is not None, req.logprobs or 0)
-    h, q = await submit(request, prompt, params)
+    if req.max_tokens < (0 if req.echo else 1):
+        lo = "0 with echo" if req.echo else "1 (0 only with echo: score the prompt without generating)"
+        raise APIError(400, f"max_tokens: expected an integer >= {lo}, got {req.max_tokens}", "max_tokens")
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time())}
     head["model"] = st.config.model_name
-    decode = st.engine.tokenizer.decode
+    if req.echo:
+        return await _echo(request, st, req, head)
+    prompts = _prompts(req)
+    if len(prompts) != 1:
+        raise APIError(
+            400, "prompt: batched prompts are supported with echo only; send one per request", "prompt"
+        )
+    params = sampling_params(req, req.max_tokens, req.logprobs is not None, req.logprobs or 0)
+    h, q = await submit(request, prompts[0], params)
 
     def chunk(delta: str, finish: str | None) -> dict:
         return {**head, "choices": [{"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}]}
 
     def final(c: Completion) -> dict:
-        lp = None
-        if c.logprobs is not None:
-            toks = [decode([i]) for i in c.token_ids]
-            offs = [sum(len(x) for x in toks[:k]) for k in range(len(toks))]
-            tops = [{decode([i]): v for i, v in row} for row in c.top_logprobs] if c.top_logprobs else None
-            lp = {"tokens": toks, "token_logprobs": c.logprobs, "top_logprobs": tops, "text_offset": offs}
-        choice = {"index": 0, "text": c.text, "logprobs": lp, "finish_reason": c.finish_reason}
+        choice = {
+            "index": 0,
+            "text": c.text,
+            "logprobs": _completion_logprobs(st, c),
+            "finish_reason": c.finish_reason,
+        }
         return {**head, "choices": [choice], "usage": usage(c)}
 
     return await respond(request, h, q, chunk, final, req.stream, req.include_usage)

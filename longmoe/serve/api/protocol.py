@@ -66,10 +66,26 @@ class GenerationRequest(_Strict):
 
 
 class CompletionRequest(GenerationRequest):
-    prompt: str | list[int] | list[str]
-    max_tokens: int = 16
+    # one prompt: text or token ids; a list of them is a batch (echo scoring only: max_tokens 0 or 1)
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int = 16  # 0 only with echo: score the prompt, generate nothing
     logprobs: int | None = None  # number of top alternatives per token (OpenAI legacy format)
-    echo: bool = False
+    echo: bool = False  # return the prompt (and with logprobs, its tokens' log-probs) before the completion
+
+
+class TokenizeRequest(_Strict):
+    """``POST /tokenize`` (vLLM's fields)."""
+
+    prompt: str
+    add_special_tokens: bool = False  # True: the <|bos|> a text prompt gets in /v1/completions
+    model: str | None = None
+
+
+class DetokenizeRequest(_Strict):
+    """``POST /detokenize``."""
+
+    tokens: list[int] = Field(max_length=1 << 20)
+    model: str | None = None
 
 
 class ContentPart(_Strict):
