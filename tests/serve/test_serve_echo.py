@@ -90,6 +90,8 @@ def test_echo_of_a_text_prompt_and_a_batch(server):
         ({"prompt": "a", "echo": True, "max_tokens": -1}, "max_tokens", ">= 0"),
         ({"prompt": [[1, 2], []], "echo": True, "max_tokens": 0}, "prompt", "empty"),
         ({"prompt": [10**9], "echo": True, "max_tokens": 0}, "prompt", "token ids"),
+        ({"prompt": "a", "echo": True, "max_tokens": 0, "logprobs": -1}, "logprobs", "[0, 20]"),
+        ({"prompt": "a", "echo": True, "max_tokens": 0, "logprobs": 10**6}, "logprobs", "[0, 20]"),
     ],
 )
 def test_echo_errors_name_the_field(server, body, param, message):

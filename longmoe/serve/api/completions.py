@@ -25,6 +25,7 @@ from longmoe.serve.api.intake import read_request
 from longmoe.serve.api.protocol import CompletionRequest
 from longmoe.serve.api.state import ServerState, server_state
 from longmoe.serve.request import Completion, EngineError
+from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.scoring import PromptScores, score_prompt
 
 _SCORING = threading.Lock()  # one prompt scored at a time (it runs beside the engine's own steps)
@@ -74,9 +75,20 @@ def _completion_logprobs(st: ServerState, c: Completion) -> dict | None:
     return _logprobs(st, c.token_ids, c.logprobs, c.top_logprobs)
 
 
-async def _generate(request: Request, ids: list[int], req: CompletionRequest) -> Completion:
+def _params(req: CompletionRequest, max_tokens: int) -> SamplingParams:
+    """The sampling parameters; the engine's ``top_logprobs`` is this API's ``logprobs`` in errors."""
+    try:
+        return sampling_params(req, max_tokens, req.logprobs is not None, req.logprobs or 0)
+    except APIError as e:
+        if e.param != "top_logprobs":
+            raise
+        raise APIError(
+            e.status, e.message.replace("top_logprobs", "logprobs", 1), "logprobs", e.code
+        ) from None
+
+
+async def _generate(request: Request, ids: list[int], params: SamplingParams) -> Completion:
     """Run one completion to its end (echo batches: no streaming)."""
-    params = sampling_params(req, req.max_tokens, req.logprobs is not None, req.logprobs or 0)
     h, q = await submit(request, ids, params)
     try:
         while (ev := await q.get()).done is None:
@@ -95,6 +107,7 @@ def _scored(st: ServerState, ids: list[int], k: int) -> PromptScores:
 async def _echo(request: Request, st: ServerState, req: CompletionRequest, head: dict) -> Response:
     if req.stream:
         raise APIError(400, "echo: not supported together with stream", "echo", "unsupported")
+    params = _params(req, max(req.max_tokens, 1))  # validated as for generation, even with max_tokens 0
     choices, n_prompt, n_out = [], 0, 0
     for index, prompt in enumerate(_prompts(req)):
         try:
@@ -114,7 +127,7 @@ async def _echo(request: Request, st: ServerState, req: CompletionRequest, head:
             lp = _logprobs(st, ids, s.token_logprobs, s.top_logprobs if req.logprobs else None)
         finish, n_prompt = "length", n_prompt + len(ids)
         if req.max_tokens > 0:
-            c = await _generate(request, ids, req)
+            c = await _generate(request, ids, params)
             text, finish, n_out = text + c.text, c.finish_reason, n_out + c.completion_tokens
             more = _completion_logprobs(st, c)
             if lp is not None and more is not None:
@@ -139,8 +152,7 @@ async def create_completion(request: Request) -> Response:
         raise APIError(
             400, "prompt: batched prompts are supported with echo only; send one per request", "prompt"
         )
-    params = sampling_params(req, req.max_tokens, req.logprobs is not None, req.logprobs or 0)
-    h, q = await submit(request, prompts[0], params)
+    h, q = await submit(request, prompts[0], _params(req, req.max_tokens))
 
     def chunk(delta: str, finish: str | None) -> dict:
         return {**head, "choices": [{"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}]}
