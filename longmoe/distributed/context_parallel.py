@@ -161,6 +161,7 @@ class ContextParallel:
                 output_final_state=True,
                 cu_seqlens=lay.local_cu,
                 chunk_size=layer.chunk_size,
+                intra=layer.intra,  # the log-space path for unbounded (Kimi-Linear) gates
             )  # [B, T, H, V+K], [n_slots, H, K, V+K]
         summary = final if lay.local_cu is None else final[-1:]  # the part's [B | M]: [b, H, K, V+K]
         maps = self._gather(summary)  # [P, b, H, K, V+K]
