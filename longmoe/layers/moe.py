@@ -27,10 +27,12 @@ from torch import nn
 from longmoe.config import FFNConfig
 from longmoe.layers import balance
 from longmoe.layers.mlp import GLUMLP
-from longmoe.ops.moe import combine_weights, dispatch_experts, route, selected_logits
+from longmoe.layers.quant import QuantExperts
+from longmoe.ops.moe import combine_weights, dispatch_experts, gather_experts, route, selected_logits
 
 PARAM_KEYS = ("router", "latent_proj", "routed_experts", "shared_experts")
 ENTROPY_TOKENS = 512  # tokens per forward the router-entropy metric is estimated on
+GATHER_MAX_PAIRS = 64  # static dispatch: (token, expert) pairs up to which weights are gathered per pair
 
 # (z [N, ℓ], idx [N, k], weights [N, k], w_in [E, ℓ, 2f], w_out [E, f, ℓ]) -> y [N, ℓ]
 ExpertDispatch = Callable[
@@ -70,6 +72,11 @@ class MoELayer(nn.Module):
         self.register_buffer("last_entropy", torch.zeros(()))
         self.aux_loss: torch.Tensor = torch.zeros(())
         self.expert_dispatch: ExpertDispatch | None = None  # the seam (module docstring); None = local
+        # set by longmoe/quantize.py: the routed experts packed per expert (w_in / w_out become None)
+        self.quant_experts: QuantExperts | None = None
+        # static shapes (torch.compile'd decode): few pairs go through gather_experts, which has no
+        # data-dependent shapes; the sorted dispatch's layout depends on the routing
+        self.static_shapes = False
         self.reset_parameters(init_std)
 
     def reset_parameters(self, std: float = 0.02) -> None:
@@ -117,11 +124,7 @@ class MoELayer(nn.Module):
         z = self.down(xf) if self.down is not None else xf  # [N, ℓ]
         # under autocast z arrives in bf16: run the experts in z's dtype (a differentiable cast, as
         # autocast does for nn.Linear), since the custom-autograd dispatch writes into z-typed buffers
-        w_in, w_out = self.w_in.to(z.dtype), self.w_out.to(z.dtype)
-        if self.expert_dispatch is None:
-            y = dispatch_experts(z, idx, w.to(z.dtype), w_in, w_out, cfg.glu, self.impl)  # [N, ℓ]
-        else:
-            y = self.expert_dispatch(z, idx, w.to(z.dtype), w_in, w_out)  # [N, ℓ]
+        y = self._experts(z, idx, w.to(z.dtype))  # [N, ℓ]
         if self.up is not None:
             y = self.up(y)  # [N, d]
         if self.shared is not None:
@@ -143,6 +146,16 @@ class MoELayer(nn.Module):
         else:
             self.aux_loss = scores.new_zeros(())
         return y.reshape(shape).to(x.dtype)
+
+    def _experts(self, z: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self.quant_experts is not None:
+            return self.quant_experts(z, idx, w)
+        w_in, w_out = self.w_in.to(z.dtype), self.w_out.to(z.dtype)
+        if self.expert_dispatch is not None:  # the seam (expert parallel)
+            return self.expert_dispatch(z, idx, w, w_in, w_out)
+        if self.static_shapes and idx.numel() <= GATHER_MAX_PAIRS:
+            return gather_experts(z, idx, w, w_in, w_out, self.cfg.glu)
+        return dispatch_experts(z, idx, w, w_in, w_out, self.cfg.glu, self.impl)
 
     # ------------------------------------------------------------------------------------------ balancing
     @property
