@@ -31,6 +31,12 @@ import torch
 _MIN_CAPACITY = 64  # initial MLA latent slots per row; grows by doubling (amortised O(1) appends)
 
 
+def capacity_bucket(n: int) -> int:
+    """The smallest power of two >= ``n`` and >= ``_MIN_CAPACITY``: the latent-buffer capacities
+    ``Cache.reserve`` gives (few distinct shapes for a compiled step)."""
+    return max(_MIN_CAPACITY, 1 << max(0, n - 1).bit_length())
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -72,6 +78,10 @@ class LayerState(ABC):
     @abstractmethod
     def spec(self) -> StateSpec:
         """Bytes per row (fixed and per token)."""
+
+    def reserve(self, capacity: int) -> None:
+        """Make room for exactly ``capacity`` tokens per row, in place (states of fixed size: nothing)."""
+        return None
 
     def nbytes(self, seq_lens: torch.Tensor) -> int:
         """Bytes of live state for rows of lengths ``seq_lens [B]`` (padding not counted)."""
@@ -137,6 +147,15 @@ class MLAState(LayerState):
         buf[:, :cap] = self.buf
         self.buf = buf
 
+    def reserve(self, capacity: int) -> None:
+        cap = self.buf.shape[1]
+        if capacity == cap:
+            return
+        buf = self.buf.new_zeros(self.buf.shape[0], capacity, self.buf.shape[2])
+        n = min(cap, capacity)
+        buf[:, :n] = self.buf[:, :n]
+        self.buf = buf
+
     def select(self, idx: torch.Tensor, max_len: int) -> MLAState:
         return MLAState(self.buf[:, :max_len].index_select(0, idx))
 
@@ -187,6 +206,15 @@ class Cache:
     def spec(self) -> StateSpec:
         """Bytes per row of all layers together (fixed and per token)."""
         return sum((st.spec() for st in self.layers), StateSpec())
+
+    def reserve(self, n: int) -> int:
+        """Before a call of ``n`` tokens: give every growing state the capacity bucket that holds
+        ``max_len + n`` tokens (a power of two, at least ``_MIN_CAPACITY``), so a compiled step sees
+        few distinct shapes as sequences grow and batches change. Returns the capacity."""
+        cap = capacity_bucket(self.max_len + n)
+        for st in self.layers:
+            st.reserve(cap)
+        return cap
 
     def advance(self, n: int) -> None:
         """Record that every row consumed ``n`` more tokens (called by the model after all layers)."""

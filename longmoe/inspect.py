@@ -2,7 +2,8 @@
 
 Nothing is instantiated (the flagship has trillions of parameters); every count comes from the
 layers' own ``param_count`` formulas and ``MoELayer.analytic_param_counts``, and the tests check them
-against real modules on the tiny preset.
+against real modules on the tiny preset. ``--quantize`` adds the quantized weight bytes, from the
+model built on the ``meta`` device (shapes only, nothing allocated).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from longmoe.layers.kda import KDALayer
 from longmoe.layers.mla import MLALayer
 from longmoe.layers.mlp import GLUMLP
 from longmoe.layers.moe import MoELayer
+from longmoe.ops.quant import MODES as QUANT_MODES
+from longmoe.quantize import quantized_footprint
 
 BF16_BYTES = 2
 FP32_BYTES = 4  # KDA recurrent states are kept in fp32 in the cache
@@ -185,6 +188,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--device-memory", type=float, default=80.0, help="GiB per device for the CP search (default 80)"
     )
+    parser.add_argument(
+        "--quantize",
+        choices=QUANT_MODES,
+        default=None,
+        help="also report the weight bytes after weight-only quantization (builds the model on 'meta')",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -202,5 +211,26 @@ def run(args: argparse.Namespace) -> int:
     text = format_report(r, name)
     if dims is not None:
         text += "\n\n" + format_plan(r["parallel"], cfg)
+    if args.quantize:
+        r["weights"] = weight_footprint(cfg, args.quantize)
+        text += "\n" + format_weights(r["weights"], args.quantize)
     print(json.dumps({"name": name, **r}, indent=2) if args.json else text)
     return 0
+
+
+def weight_footprint(cfg: ModelConfig, mode: str) -> dict[str, Any]:
+    """Weight bytes in the config's dtype and after ``quantize_model(mode)`` (longmoe/quantize.py)."""
+    full, q = quantized_footprint(cfg, None), quantized_footprint(cfg, mode)
+    return {"dtype": cfg.dtype, "bytes": full["total"], mode: q, "ratio": q["total"] / full["total"]}
+
+
+def format_weights(w: dict[str, Any], mode: str) -> str:
+    q = w[mode]
+    return "\n".join(
+        [
+            f"  weights ({w['dtype']}): {_bytes(w['bytes'])}",
+            f"  weights --quantize {mode}: {_bytes(q['total'])} ({w['ratio']:.1%}): "
+            f"{_bytes(q['quantized'])} packed + scales, {_bytes(q['float'])} kept in {w['dtype']} "
+            "(embeddings, LM head, routers, MLA kv_up, norms, biases)",
+        ]
+    )

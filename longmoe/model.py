@@ -28,6 +28,7 @@ from longmoe.layers.ffn import build_ffn
 from longmoe.layers.kda import KDALayer
 from longmoe.layers.mla import DECODE_PATHS, MLALayer
 from longmoe.layers.mlp import GLUMLP
+from longmoe.layers.moe import MoELayer
 from longmoe.layers.norm import RMSNorm
 
 CONFIG_FILE = "config.json"
@@ -125,6 +126,14 @@ class LongMoE(nn.Module):
         for b in self.blocks:
             if isinstance(b.mixer, MLALayer):
                 b.mixer.decode_path = path
+
+    def set_static_shapes(self, on: bool = True) -> None:
+        """Shape-static cached calls for ``torch.compile`` (same results): MLA attends over the reserved
+        latent capacity with a mask (the caller runs ``cache.reserve(T)`` first), MoE routes without
+        data-dependent branches and runs decode-sized batches through ``gather_experts``."""
+        for m in self.modules():
+            if isinstance(m, MLALayer | MoELayer):
+                m.static_shapes = on
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [vocab, d]

@@ -27,6 +27,8 @@ from longmoe.eval import runner
 from longmoe.eval.clients import ClientError, EndpointClient, LocalClient
 from longmoe.eval.plots import plot_run
 from longmoe.eval.ppl import markdown_ppl, ppl_by_position
+from longmoe.ops.quant import MODES as QUANT_MODES
+from longmoe.quantize import quantize_model
 from longmoe.tasks import FAMILIES, TASKS, TaskError, parse_tasks
 
 DEFAULT_TASKS = ",".join(FAMILIES)
@@ -96,6 +98,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, default=Path("runs/eval"), help="output directory (default runs/eval)")
     g.add_argument("--device", type=device, default="cpu", help="torch device for --model (default cpu)")
+    g.add_argument(
+        "--quantize", choices=QUANT_MODES, default=None, help="weight-only quantization of --model"
+    )
     g.add_argument("--no-plots", action="store_true", help="do not write plots")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -134,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
             )
             tokenizer = _endpoint_tokenizer(args.tokenizer)
         elif tasks:
-            client = LocalClient(args.model, device=args.device)
+            client = LocalClient(args.model, device=args.device, quantize=args.quantize)
             tokenizer = client.tokenizer
             if args.tokenizer is not None:
                 print("note: --tokenizer is ignored with --model (the model's own tokenizer counts lengths)")
@@ -191,6 +196,8 @@ def _endpoint_tokenizer(path: Path | None) -> Tokenizer:
 
 def _run_ppl(args: argparse.Namespace) -> None:
     model, tok, meta = load_model(args.model, args.device)
+    if args.quantize:
+        quantize_model(model, args.quantize)
     d = meta.model_dir
     window = args.ppl_window or meta.training_window
     max_len = runner.parse_lengths(args.ppl_max_len)[0] if args.ppl_max_len else 4 * window

@@ -50,10 +50,16 @@ class LocalClient:
     runs, and NoPE + KDA have no positional limit. Long prompts are prefilled in chunks into the cache.
     """
 
-    def __init__(self, path: str | Path, device: str = "cpu", max_context: int = LOCAL_MAX_CONTEXT) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        device: str = "cpu",
+        max_context: int = LOCAL_MAX_CONTEXT,
+        quantize: str | None = None,
+    ) -> None:
         self.name = str(path)
         self.engine = Engine.from_dir(
-            path, device=device, max_context=max_context, prefill_chunk=PREFILL_CHUNK
+            path, device=device, max_context=max_context, prefill_chunk=PREFILL_CHUNK, quantize=quantize
         )
         self.tokenizer: Tokenizer = self.engine.tokenizer
 

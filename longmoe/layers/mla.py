@@ -44,6 +44,9 @@ class MLALayer(nn.Module):
         self.o_proj = nn.Linear(H * self.Dv, d, bias=False)
         self.scale = self.Dq**-0.5
         self.decode_path = "absorbed"  # how a call with a cache attends: "absorbed" or "naive"
+        # static shapes (torch.compile'd steps): attend over the whole latent buffer with a per-row mask
+        # instead of slicing it to the longest row; the caller reserves the capacity (Cache.reserve)
+        self.static_shapes = False
 
     @staticmethod
     def param_count(cfg: ModelConfig) -> int:
@@ -85,7 +88,8 @@ class MLALayer(nn.Module):
             causal = packing is None  # packed documents: block-diagonal causal, see below
             path = "naive"
         else:
-            ctx, mask = self._append(state, c, seq_lens)  # [B, S, d_c], [B, 1, T, S] or None
+            append = self._append_static if self.static_shapes else self._append
+            ctx, mask = append(state, c, seq_lens)  # [B, S, d_c], [B, 1, T, S] or None
             path = self.decode_path
         if path == "naive":
             k, v = self.expand_kv(ctx)  # [B, H, S, Dq], [B, H, S, Dv]
@@ -157,6 +161,22 @@ class MLALayer(nn.Module):
         state.buf[rows, pos] = c
         j = torch.arange(S, device=c.device)[None, None, :]
         return state.buf[:, :S], (j <= pos[:, :, None])[:, None]  # [B, 1, T, S]
+
+    @staticmethod
+    def _append_static(
+        state: MLAState, c: torch.Tensor, seq_lens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_append`` without reading lengths on the host: every row writes at its own positions and
+        the context is the whole buffer ``[B, capacity, d_c]`` (capacity >= seq_lens + T, reserved by
+        the caller) with mask ``[B, 1, T, capacity]``; shapes depend on ``B, T`` and the capacity only.
+        """
+        B, T, _ = c.shape
+        cap = state.buf.shape[1]
+        pos = seq_lens.to(c.device)[:, None] + torch.arange(T, device=c.device)[None, :]  # [B, T]
+        rows = torch.arange(B, device=c.device)[:, None].expand(B, T)
+        state.buf.index_put_((rows, pos), c.to(state.buf.dtype))
+        j = torch.arange(cap, device=c.device)[None, None, :]
+        return state.buf, (j <= pos[:, :, None])[:, None]  # [B, 1, T, cap]
 
     def new_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> MLAState:
         return MLAState(torch.zeros(batch_size, 0, self.d_c, device=device, dtype=dtype))

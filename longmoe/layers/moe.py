@@ -114,7 +114,13 @@ class MoELayer(nn.Module):
         with torch.set_grad_enabled(aux and torch.is_grad_enabled()), no_autocast:
             logits = F.linear(xf.float(), W_r.float())  # [N, E] router in fp32
             scores, idx, w = route(
-                logits, self.bias, cfg.top_k, cfg.routed_scale, cfg.n_group, cfg.topk_group
+                logits,
+                self.bias,
+                cfg.top_k,
+                cfg.routed_scale,
+                cfg.n_group,
+                cfg.topk_group,
+                self.static_shapes,
             )
         if not aux and torch.is_grad_enabled() and (xf.requires_grad or W_r.requires_grad):
             # only the aux loss needs gradient through all E scores; the combine weights need it

@@ -10,6 +10,7 @@ import sys
 import time
 
 from longmoe.argtypes import device
+from longmoe.ops.quant import MODES as QUANT_MODES
 from longmoe.serve.engine import Engine, EngineError
 from longmoe.serve.sampling import SamplingError, SamplingParams
 
@@ -24,6 +25,17 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache-budget-mb", type=float, default=1024.0, help="cache memory for all requests, MiB (1024)"
     )
+    p.add_argument(
+        "--quantize",
+        choices=QUANT_MODES,
+        default=None,
+        help="weight-only quantization of linear and expert weights (see docs/serve.md)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the decode/prefill steps (compiles at the first requests; see docs/serve.md)",
+    )
 
 
 def engine_from_args(args: argparse.Namespace) -> Engine:
@@ -33,6 +45,8 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         prefill_chunk=args.prefill_chunk,
         max_batch=args.max_batch,
         cache_budget_bytes=int(args.cache_budget_mb * 2**20),
+        quantize=args.quantize,
+        compile=args.compile,
     )
 
 

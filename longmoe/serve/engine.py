@@ -38,7 +38,10 @@ from longmoe.cache import Cache
 from longmoe.checkpoint import load_model
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.model import LongMoE
+from longmoe.ops.quant import MODES as QUANT_MODES
+from longmoe.quantize import quantize_model
 from longmoe.serve.budget import CacheBudget, CacheBudgetError, CacheSpec
+from longmoe.serve.compiled import CompiledSteps
 from longmoe.serve.detok import IncrementalDetokenizer
 from longmoe.serve.request import FINISH_REASONS, Completion, EngineError, Event, Request
 from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice, sample
@@ -64,6 +67,8 @@ class EngineConfig:
     # prompt + completion limit in tokens; None = the model's max_seq_len. Larger values are allowed
     # on purpose: NoPE + KDA have no positional limit, and extrapolation tests run past the window.
     max_context: int | None = None
+    quantize: str | None = None  # "int8" | "int4": weight-only, applied to the model at construction
+    compile: bool = False  # torch.compile the decode and prefill steps (serve/compiled.py)
 
     def __post_init__(self) -> None:
         for f in ("prefill_chunk", "max_batch", "cache_budget_bytes", "block_size", "max_waiting"):
@@ -73,6 +78,8 @@ class EngineConfig:
         v = self.max_context
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
             raise ValueError(f"max_context: expected None or an integer >= 2, got {v!r}")
+        if self.quantize is not None and self.quantize not in QUANT_MODES:
+            raise ValueError(f"quantize: expected None or one of {QUANT_MODES}, got {self.quantize!r}")
 
 
 class RequestHandle:
@@ -109,7 +116,10 @@ class Engine:
 
     def __init__(self, model: LongMoE, tokenizer: Tokenizer, config: EngineConfig | None = None) -> None:
         self.cfg = config or EngineConfig()
+        if self.cfg.quantize and getattr(model, "quantization", None) != self.cfg.quantize:
+            quantize_model(model, self.cfg.quantize)  # in place: the float weights are released
         self.model = model.eval()
+        self.compiled = CompiledSteps(model) if self.cfg.compile else None
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.vocab_size = model.cfg.vocab_size
@@ -386,10 +396,11 @@ class Engine:
             [r.prompt_ids[r.n_fed : r.n_fed + L] for r in group], dtype=torch.long, device=self.device
         )  # [k, L]
         if len(group) == 1:
-            logits = self.model(x, cache=group[0].cache).logits[:, -1]  # [1, V]
+            assert group[0].cache is not None
+            logits = self._last_logits(x, group[0].cache)  # [1, V]
         else:
             cache = Cache.stack([r.cache for r in group if r.cache is not None])
-            logits = self.model(x, cache=cache).logits[:, -1]  # [k, V]
+            logits = self._last_logits(x, cache)  # [k, V]
             for r, c in zip(group, cache.split(), strict=True):
                 r.cache = c
         produced = 0
@@ -408,7 +419,7 @@ class Engine:
     def _decode_step(self) -> int:
         assert self._batch is not None
         x = torch.tensor([[r.out[-1]] for r in self._batch_reqs], dtype=torch.long, device=self.device)
-        logits = self.model(x, cache=self._batch).logits[:, 0]  # [B, V]
+        logits = self._last_logits(x, self._batch)  # [B, V]
         greedy_rows = [i for i, r in enumerate(self._batch_reqs) if r.plain_greedy]
         fast = {}
         if greedy_rows:
@@ -417,6 +428,12 @@ class Engine:
         for i, r in enumerate(self._batch_reqs):
             self._accept(r, TokenChoice(fast[i]) if i in fast else self._choose(r, logits[i]))
         return len(self._batch_reqs)
+
+    def _last_logits(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Logits ``[B, V]`` of the last position of ``x [B, T]`` continuing ``cache`` (compiled or not)."""
+        if self.compiled is not None:
+            return self.compiled(x, cache)[:, -1]
+        return self.model(x, cache=cache).logits[:, -1]
 
     def _choose(self, r: Request, logits: torch.Tensor) -> TokenChoice:
         if r.plain_greedy:

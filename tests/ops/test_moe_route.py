@@ -19,6 +19,19 @@ def test_topk_ties_break_toward_lower_index_deterministically():
     assert (topk_lowest_index(big, 8) == torch.arange(8)).all()
 
 
+def test_topk_static_form_equals_the_branching_form():
+    """The branch-free rule (compiled decode) selects exactly what the branching one does: random rows,
+    rows with ties at the boundary, all-tied rows, quantised scores full of ties."""
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(64, 12, generator=g)
+    v[::3] = torch.round(v[::3] * 2) / 2  # many ties
+    v[5] = 0.25
+    for k in (1, 2, 5, 11, 12):
+        assert torch.equal(topk_lowest_index(v, k, static=True), topk_lowest_index(v, k))
+    big = torch.zeros(8, 896)
+    assert (topk_lowest_index(big, 8, static=True) == torch.arange(8)).all()
+
+
 def test_route_bias_changes_selection_but_not_weights():
     """The bias decides which experts are chosen; weights are their unbiased scores, renormalised."""
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])

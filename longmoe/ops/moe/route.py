@@ -14,17 +14,21 @@ import torch
 import torch.nn.functional as F
 
 
-def topk_lowest_index(v: torch.Tensor, k: int) -> torch.Tensor:
+def topk_lowest_index(v: torch.Tensor, k: int, static: bool = False) -> torch.Tensor:
     """Indices of the ``k`` largest entries per row, ties broken toward the lower index, ascending order.
 
     ``torch.topk`` does not specify which of several equal values it returns; routing must be
     reproducible, so rows with a tie across the k-th boundary are redone with an explicit rule.
+    ``static=True`` applies the rule to every row without a data-dependent branch (same result; what
+    a ``torch.compile``'d decode step needs, see ``_lowest_index_rule``).
     """
     # v: [N, E] -> [N, k] long
     N, E = v.shape
     if k == E:
         return torch.arange(E, device=v.device).expand(N, E).clone()
     vals, idx = torch.topk(v, k + 1, dim=-1)  # [N, k+1], sorted descending
+    if static:
+        return _lowest_index_rule(v, vals[:, k - 1 : k], k)
     idx = idx[:, :k]
     tie = vals[:, k - 1] == vals[:, k]  # [N] rows where the boundary value is shared
     if bool(tie.any()):
@@ -39,6 +43,17 @@ def topk_lowest_index(v: torch.Tensor, k: int) -> torch.Tensor:
         idx = idx.clone()
         idx[rows] = sel
     return idx.sort(dim=-1).values
+
+
+def _lowest_index_rule(v: torch.Tensor, thr: torch.Tensor, k: int) -> torch.Tensor:
+    """The explicit rule for all rows at once: entries above the k-th value ``thr [N, 1]``, then the
+    lowest-index entries equal to it; returned ascending. Shapes depend on ``N, E, k`` only."""
+    E = v.shape[1]
+    gt, eq = v > thr, v == thr
+    need = k - gt.sum(-1, keepdim=True)  # [N, 1]
+    take = gt | (eq & (torch.cumsum(eq.to(torch.int32), dim=-1) <= need))  # exactly k per row
+    rank = take.to(torch.int64) * (E - torch.arange(E, device=v.device))  # selected: E - index > 0
+    return torch.topk(rank, k, dim=-1).indices.sort(dim=-1).values
 
 
 def mask_to_top_groups(biased: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
@@ -64,6 +79,7 @@ def route(
     routed_scale: float = 1.0,
     n_group: int = 1,
     topk_group: int = 1,
+    static: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sigmoid router: select on ``scores + bias``, weight by the unbiased selected scores renormalised.
 
@@ -72,13 +88,14 @@ def route(
 
     Returns ``(scores [N, E] fp32, idx [N, k] long, weights [N, k] fp32)``. ``bias`` never reaches the
     weights, and selection is not differentiable, so the bias gets no gradient by construction.
+    ``static``: see ``topk_lowest_index``.
     """
     scores = torch.sigmoid(logits.float())  # [N, E]
     with torch.no_grad():
         biased = scores + bias.float()
         if n_group > 1:
             biased = mask_to_top_groups(biased, n_group, topk_group)
-        idx = topk_lowest_index(biased, top_k)  # [N, k]
+        idx = topk_lowest_index(biased, top_k, static)  # [N, k]
     return scores, idx, combine_weights(scores.gather(1, idx), routed_scale)  # w [N, k]
 
 
