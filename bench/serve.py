@@ -11,6 +11,7 @@ MLA q-rank 64 / kv-rank 32, 8 experts top-2 of width 64 + 1 shared, first layer 
 
 Measured in the same run: decode ms/token after a prompt of 1K, 4K, 16K, 32K tokens (ours: model +
 cache steps measured round-robin over the contexts; the peer: gaps between tokens in ``generate``);
+engine decode ms/token at batch 1, eager and with ``--compile`` (torch.compile; compile time too);
 prefill tokens/s of an 8K prompt by engine chunk size; generated tokens/s with 1, 8 and 32
 concurrent requests (continuous batching).
 
@@ -202,6 +203,31 @@ def main() -> int:
         rows.append([f"decode ratio ctx {ctxs[-1]} / {ctxs[0]} (target hybrid <= 1.3)", *ratio])
         rows.append([f"engine decode ms/token @ ctx {ctxs[0]} (scheduler included)", eng_ms, "", ""])
         mla.close()
+
+        # --compile: the same engine with torch.compile'd steps, batch 1, same prompt; the first request
+        # compiles (prefill + decode graphs) and is timed apart
+        with make_engine(cfg, compile=True) as comp:
+            t0 = time.perf_counter()
+            engine_decode(comp, ctxs[0], n_dec)
+            first_s = time.perf_counter() - t0
+            assert comp.compiled is not None
+            compile_s = comp.compiled.compile_seconds
+            comp_ms, _ = engine_decode(comp, ctxs[0], n_dec)
+        results["compiled"] = {
+            "context": ctxs[0],
+            "eager_ms": eng_ms,
+            "compiled_ms": comp_ms,
+            "speedup": eng_ms / comp_ms,
+            "compile_s": compile_s,
+            "first_request_s": first_s,
+        }
+        rows.append([f"engine decode ms/token batch 1 @ ctx {ctxs[0]}, eager", eng_ms, "", ""])
+        rows.append(
+            [f"engine decode ms/token batch 1 @ ctx {ctxs[0]}, compiled (--compile)", comp_ms, "", ""]
+        )
+        rows.append(["compiled decode speed-up, batch 1 (target >= 3)", eng_ms / comp_ms, "", ""])
+        rows.append(["compile time s (first request: prefill + decode graphs)", compile_s, "", ""])
+        print(rows[-3:], flush=True)
 
         prompt = rand_ids(prefill_T, cfg.vocab_size, 1)
         one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)

@@ -70,6 +70,9 @@ def quantize_model(
     quantizing twice would quantize quantization error."""
     if getattr(model, "quantization", None):
         raise ValueError(f"model is already quantized ({model.quantization}); load it again to change mode")
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        raise ValueError(f"quantize: the int8/int4 kernels are PyTorch's CPU ones; the model is on {device}")
     p = plan(model, mode, group_size)
     with torch.no_grad():
         for name in p.linears:

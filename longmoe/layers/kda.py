@@ -134,7 +134,9 @@ class KDALayer(nn.Module):
                     intra=self.intra,
                 )  # [B, T, H, V]
         if state is not None:
-            state.state, state.conv = new_state, tail.detach()
+            # a copy with canonical strides: not a view holding the inputs alive, and one stride pattern
+            # whatever T was (compiled steps guard on strides)
+            state.state, state.conv = new_state, tail.detach().clone(memory_format=torch.contiguous_format)
         return self.output(o, out_gate)
 
     def features(

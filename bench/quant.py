@@ -1,0 +1,118 @@
+"""Weight-only quantization: what int8 / int4 cost in validation loss and buy in bytes and decode speed.
+
+One briefly trained tiny model (or ``--model DIR``, a model or training-run directory) served four ways
+in the same run: fp32 (as trained), bf16 (the model cast), int8 and int4 (``longmoe.quantize``:
+linear and routed-expert weights packed, bf16 compute; embeddings, LM head, routers and MLA ``kv_up``
+stay float). Measured per variant: validation loss over the first 1K and the first 4K tokens of
+held-out documents (chunked prefill into one cache, as ``longmoe eval --ppl-by-position``), engine
+decode ms/token at batch 1 (greedy, scheduler included) and weight bytes.
+
+    python -m bench.quant --quick          # a ~1-minute training run, 1 document
+    python -m bench.quant --model runs/demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from bench.common import markdown_table, write_results
+from bench.serve import WINDOWS, engine_decode
+from longmoe.config import preset
+from longmoe.data.tokenizer import Tokenizer
+from longmoe.eval.clients import load_model_dir
+from longmoe.eval.ppl import long_documents, position_losses
+from longmoe.model import LongMoE
+from longmoe.quantize import quantize_model, weight_bytes
+from longmoe.serve.engine import Engine, EngineConfig
+from longmoe.train.config import TrainConfig, tiny_curriculum
+from longmoe.train.pretrain import Trainer, train_tokenizer
+
+VARIANTS = ("fp32", "bf16", "int8", "int4")
+LENGTHS = (1024, 4096)
+
+
+def train_quick(run_dir: Path, scale: float) -> Path:
+    """A short run of the tiny preset's curriculum (``scale`` of its tokens); returns the run dir."""
+    cfg = preset("tiny")
+    tok = train_tokenizer(cfg.vocab_size, max_chars=2_000_000)
+    tcfg = TrainConfig(stages=tiny_curriculum(scale, synthetic=False), eval_every=0, ckpt_every=0)
+    t0 = time.perf_counter()
+    Trainer(run_dir, cfg, tcfg, tok, progress=False).fit()
+    print(f"trained in {time.perf_counter() - t0:.0f} s", flush=True)
+    return run_dir
+
+
+def variant(model_dir: Path, name: str) -> tuple[LongMoE, Tokenizer]:
+    model, tok, _ = load_model_dir(model_dir)
+    if name == "bf16":
+        model = model.to(torch.bfloat16)
+    elif name in ("int8", "int4"):
+        quantize_model(model, name)
+    return model.eval(), tok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, help="model or training-run directory (default: train one)")
+    ap.add_argument("--quick", action="store_true", help="tiny training run, 1 document, 8 decode tokens")
+    ap.add_argument("--docs", type=int, default=None, help="validation documents (default 4; quick 1)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    n_docs = args.docs or (1 if args.quick else 4)
+    n_dec = 8 if args.quick else 16
+    tmp = tempfile.TemporaryDirectory()
+    model_dir = args.model or train_quick(Path(tmp.name) / "run", 0.05 if args.quick else 0.25)
+
+    results: dict = {"variants": {}}
+    rows = []
+    with torch.inference_mode():
+        _, tok = variant(model_dir, "fp32")
+        docs, concatenated = long_documents(tok, max(LENGTHS) + 1, n_docs)
+        for name in VARIANTS:
+            model, tok = variant(model_dir, name)
+            losses = torch.cat([position_losses(model, d, chunk=1024)[None] for d in docs]).float()
+            val = {n: float(losses[:, :n].mean()) for n in LENGTHS}
+            engine = Engine(model, tok, EngineConfig(max_context=1 << 14))
+            with engine:
+                engine_decode(engine, 32, n_dec)  # warm-up
+                ms, _ = engine_decode(engine, 32, n_dec)
+            wb = weight_bytes(model)
+            results["variants"][name] = {
+                "val_loss": val,
+                "decode_ms": ms,
+                "decode_tok_s": 1e3 / ms,
+                "weight_bytes": wb,
+            }
+            rows.append([name, val[1024], val[4096], 1e3 / ms, wb["total"] / 2**20])
+            print(rows[-1], flush=True)
+    base = results["variants"]["fp32"]["weight_bytes"]["total"]
+    for r in rows:
+        r.append(r[4] * 2**20 / base)
+    header = ["weights", "val loss @1K", "val loss @4K", "decode tok/s (batch 1)", "weight MiB", "vs fp32"]
+    table = markdown_table(header, rows)
+    src = (
+        f"--model {args.model}"
+        if args.model
+        else f"trained in this run, scale {0.05 if args.quick else 0.25}"
+    )
+    table += (
+        f"\n\nCPU, {torch.get_num_threads()} thread(s), shared machine; tiny preset ({src}); "
+        f"loss: mean next-token loss over the first 1K / 4K positions of {len(docs)} held-out document(s)"
+        f"{' (short documents concatenated)' if concatenated else ''}; decode: engine, greedy, median gap "
+        f"of {n_dec} tokens, best of {WINDOWS} windows, 32-token prompt. int8/int4: bf16 compute."
+    )
+    write_results("quant_quick" if args.quick else "quant", results, table, update_readme=not args.quick)
+    tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
