@@ -95,3 +95,20 @@ def test_training_memory_counts_four_copies_of_the_weights(name, capsys):
     assert m == {"weights": per_copy, "gradients": per_copy, "optimizer": 2 * per_copy, "total": 4 * per_copy}
     assert main(["inspect", "--preset", name]) == 0
     assert "training memory: " in capsys.readouterr().out
+
+
+def test_cli_quantize_reports_weight_footprint(capsys):
+    """``inspect --quantize`` adds the weight bytes before/after (the tiny preset's equal a real
+    quantized model's; the flagship's come from the meta device)."""
+    from longmoe.cli import main
+    from longmoe.quantize import quantize_model, weight_bytes
+
+    assert main(["inspect", "--preset", "tiny", "--quantize", "int8", "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)["weights"]
+    m = LongMoE(preset("tiny"))
+    assert w["bytes"] == weight_bytes(m)["total"]
+    quantize_model(m, "int8")
+    assert w["int8"] == weight_bytes(m) and 0.3 < w["ratio"] < 0.4
+    assert main(["inspect", "--preset", "flagship", "--quantize", "int4"]) == 0
+    out = capsys.readouterr().out
+    assert "weights (bfloat16): 5.14 TiB" in out and "weights --quantize int4: 1.61 TiB" in out

@@ -196,6 +196,7 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------- experts
+@torch.compiler.disable  # host loop over data-dependent experts: a compiled step runs it eagerly
 def quantized_experts(
     z: torch.Tensor,
     idx: torch.Tensor,

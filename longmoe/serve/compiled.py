@@ -14,7 +14,8 @@ mode ``"reduce-overhead"``). What makes that possible without graph breaks or a 
   ``torch._dynamo``'s counters).
 
 Decode (``T == 1``) and prefill (``T > 1``) are separate compiled functions (separate caches of
-compiled code): decode is captured whole (``fullgraph=True``); prefill is compiled with dynamic shapes
+compiled code): decode is captured whole (``fullgraph=True``; a quantized model's experts break it
+once per MoE layer, see longmoe/quantize.py); prefill is compiled with dynamic shapes
 and breaks its graph around the data-dependent MoE dispatch (its tier layout depends on the routing).
 Compilation happens at the first call of each shape class (``warmup`` does it ahead of requests).
 """
@@ -45,7 +46,9 @@ class CompiledSteps:
         model.set_static_shapes(True)
         cuda = next(model.parameters()).device.type == "cuda"
         mode = "reduce-overhead" if cuda and backend == "inductor" else None
-        self._decode = torch.compile(_decode_logits, backend=backend, mode=mode, fullgraph=True)
+        # quantized experts loop over the active experts on the host: a graph break per MoE layer
+        whole = not getattr(model, "quantization", None)
+        self._decode = torch.compile(_decode_logits, backend=backend, mode=mode, fullgraph=whole)
         self._prefill = torch.compile(_prefill_logits, backend=backend, dynamic=True)
         self.compile_seconds = 0.0  # wall time of calls that compiled (first call of a shape class)
         self._seen: set[tuple[str, int, int]] = set()

@@ -110,3 +110,16 @@ def test_compiled_inductor_tokens_identical():
     e = _compiled_engine("inductor")
     assert _tokens(e) == eager
     assert e.compiled is not None and e.compiled.compile_seconds > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_compiled_quantized_tokens_identical(mode):
+    """--compile with --quantize: the quantized experts run eagerly between compiled pieces (their
+    host loop is excluded from tracing), same greedy tokens as the quantized eager engine."""
+    with _engine(small=True, quantize=mode) as ref:
+        want = ref.generate(PROMPTS[0], _params(20)).token_ids
+    e = _engine(small=True, quantize=mode)
+    e.compiled = CompiledSteps(e.model, backend="eager")
+    with e:
+        assert e.generate(PROMPTS[0], _params(20)).token_ids == want
