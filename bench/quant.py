@@ -23,9 +23,9 @@ import torch
 
 from bench.common import markdown_table, write_results
 from bench.serve import WINDOWS, engine_decode
+from longmoe.checkpoint import load_model
 from longmoe.config import preset
 from longmoe.data.tokenizer import Tokenizer
-from longmoe.eval.clients import load_model_dir
 from longmoe.eval.ppl import long_documents, position_losses
 from longmoe.model import LongMoE
 from longmoe.quantize import quantize_model, weight_bytes
@@ -49,7 +49,7 @@ def train_quick(run_dir: Path, scale: float) -> Path:
 
 
 def variant(model_dir: Path, name: str) -> tuple[LongMoE, Tokenizer]:
-    model, tok, _ = load_model_dir(model_dir)
+    model, tok, _ = load_model(model_dir)
     if name == "bf16":
         model = model.to(torch.bfloat16)
     elif name in ("int8", "int4"):
