@@ -164,12 +164,53 @@ def peer_decode(peer, ctx: int, n: int, vocab: int) -> tuple[float, float]:
     return robust_ms(stamps, n), stamps[0] - t0
 
 
+def compiled_decode(cfg: ModelConfig, ctx: int, n: int, eager_ms: float, rows: list) -> dict:
+    """``--compile``: the same engine with torch.compile'd steps, batch 1, the same prompt as the eager
+    ``engine_decode``; the first request compiles (prefill + decode graphs) and is timed apart."""
+    with make_engine(cfg, compile=True) as comp:
+        t0 = time.perf_counter()
+        engine_decode(comp, ctx, n)
+        first_s = time.perf_counter() - t0
+        assert comp.compiled is not None
+        compile_s = comp.compiled.compile_seconds
+        comp_ms, _ = engine_decode(comp, ctx, n)
+    rows.append([f"engine decode ms/token batch 1 @ ctx {ctx}, eager", eager_ms, "", ""])
+    rows.append([f"engine decode ms/token batch 1 @ ctx {ctx}, compiled (--compile)", comp_ms, "", ""])
+    rows.append(["compiled decode speed-up, batch 1 (target >= 3)", eager_ms / comp_ms, "", ""])
+    rows.append(["compile time s (first request: prefill + decode graphs)", compile_s, "", ""])
+    print(rows[-4:], flush=True)
+    return {
+        "context": ctx,
+        "eager_ms": eager_ms,
+        "compiled_ms": comp_ms,
+        "speedup": eager_ms / comp_ms,
+        "compile_s": compile_s,
+        "first_request_s": first_s,
+    }
+
+
+def compile_only(cfg: ModelConfig, ctx: int, n: int) -> int:
+    rows: list = []
+    with torch.inference_mode(), make_engine(cfg) as eager:
+        engine_decode(eager, ctx, n)  # warm-up
+        eager_ms, _ = engine_decode(eager, ctx, n)
+        res = compiled_decode(cfg, ctx, n, eager_ms, rows)
+    table = markdown_table(["measurement", "hybrid LLLM", "", ""], rows)
+    threads = torch.get_num_threads()
+    table += f"\n\nCPU, fp32, {threads} thread(s), shared machine; tiny-preset shapes, random weights."
+    write_results("serve_compile", {"config": cfg.to_dict(), "compiled": res}, table, update_readme=False)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
     ap.add_argument("--no-peer", action="store_true", help="skip the transformers model")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README table")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
+    ap.add_argument(
+        "--compile-only", action="store_true", help="only the eager vs --compile batch-1 decode rows"
+    )
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -179,6 +220,8 @@ def main() -> int:
     chunks = [128, 512, 2048] if args.quick else [128, 512, 2048, 8192]
     conc, conc_tokens = [1, 8, 32], 16 if args.quick else 64
     cfg = hybrid_config()
+    if args.compile_only:
+        return compile_only(cfg, ctxs[0], n_dec)
     results: dict = {"decode": [], "prefill": [], "throughput": []}
     rows = []
 
@@ -204,30 +247,7 @@ def main() -> int:
         rows.append([f"engine decode ms/token @ ctx {ctxs[0]} (scheduler included)", eng_ms, "", ""])
         mla.close()
 
-        # --compile: the same engine with torch.compile'd steps, batch 1, same prompt; the first request
-        # compiles (prefill + decode graphs) and is timed apart
-        with make_engine(cfg, compile=True) as comp:
-            t0 = time.perf_counter()
-            engine_decode(comp, ctxs[0], n_dec)
-            first_s = time.perf_counter() - t0
-            assert comp.compiled is not None
-            compile_s = comp.compiled.compile_seconds
-            comp_ms, _ = engine_decode(comp, ctxs[0], n_dec)
-        results["compiled"] = {
-            "context": ctxs[0],
-            "eager_ms": eng_ms,
-            "compiled_ms": comp_ms,
-            "speedup": eng_ms / comp_ms,
-            "compile_s": compile_s,
-            "first_request_s": first_s,
-        }
-        rows.append([f"engine decode ms/token batch 1 @ ctx {ctxs[0]}, eager", eng_ms, "", ""])
-        rows.append(
-            [f"engine decode ms/token batch 1 @ ctx {ctxs[0]}, compiled (--compile)", comp_ms, "", ""]
-        )
-        rows.append(["compiled decode speed-up, batch 1 (target >= 3)", eng_ms / comp_ms, "", ""])
-        rows.append(["compile time s (first request: prefill + decode graphs)", compile_s, "", ""])
-        print(rows[-3:], flush=True)
+        results["compiled"] = compiled_decode(cfg, ctxs[0], n_dec, eng_ms, rows)
 
         prompt = rand_ids(prefill_T, cfg.vocab_size, 1)
         one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)

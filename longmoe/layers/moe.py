@@ -33,6 +33,9 @@ from longmoe.ops.moe import combine_weights, dispatch_experts, gather_experts, r
 PARAM_KEYS = ("router", "latent_proj", "routed_experts", "shared_experts")
 ENTROPY_TOKENS = 512  # tokens per forward the router-entropy metric is estimated on
 GATHER_MAX_PAIRS = 64  # static dispatch: (token, expert) pairs up to which weights are gathered per pair
+# static shapes, many pairs (a compiled prefill): the sorted dispatch runs eagerly between compiled
+# pieces; tracing its routing-dependent layout (Python loops over counts) only makes graph fragments
+_dispatch_untraced = torch.compiler.disable(dispatch_experts)
 
 # (z [N, ℓ], idx [N, k], weights [N, k], w_in [E, ℓ, 2f], w_out [E, f, ℓ]) -> y [N, ℓ]
 ExpertDispatch = Callable[
@@ -161,6 +164,8 @@ class MoELayer(nn.Module):
             return self.expert_dispatch(z, idx, w, w_in, w_out)
         if self.static_shapes and idx.numel() <= GATHER_MAX_PAIRS:
             return gather_experts(z, idx, w, w_in, w_out, self.cfg.glu)
+        if self.static_shapes:
+            return _dispatch_untraced(z, idx, w, w_in, w_out, self.cfg.glu, self.impl)
         return dispatch_experts(z, idx, w, w_in, w_out, self.cfg.glu, self.impl)
 
     # ------------------------------------------------------------------------------------------ balancing
