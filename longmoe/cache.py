@@ -3,7 +3,9 @@
 A ``Cache`` holds, per layer, a ``LayerState``: what that layer needs to continue a sequence. Each
 kind of state owns its behaviour (row selection, concatenation, copies, byte accounting, truncation),
 so the ``Cache`` delegates without knowing the kinds and a new kind (a draft model's state, a vision
-cache, a snapshot for prefix reuse) is one new ``LayerState`` subclass. Two kinds exist today:
+cache) is one new ``LayerState`` subclass. ``segment`` / ``from_segments`` cut a row into per-block
+pieces and join them again (prefix reuse), ``mark`` / ``rewind`` return rows to an earlier length
+(speculative decoding). Two kinds exist today:
 
 - ``KDAState``: the fixed-size recurrent state ``[B, H, K, V]`` (fp32) plus the last ``conv_size - 1``
   conv inputs; the same size at 10 tokens or 1M (``StateSpec.fixed``);
@@ -57,7 +59,12 @@ class LayerState(ABC):
 
     ``max_len`` arguments are the longest row length the result must hold; states whose size does not
     depend on length ignore it.
+
+    ``forgets``: whether ``truncate`` can drop tokens (per-token states); a recurrent state cannot, and
+    returning it to an earlier length needs a copy taken then (``Cache.mark`` / ``Cache.rewind``).
     """
+
+    forgets: bool = True
 
     @abstractmethod
     def select(self, idx: torch.Tensor, max_len: int) -> Self:
@@ -96,6 +103,20 @@ class LayerState(ABC):
     def truncate(self, seq_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
         """Forget tokens in place so row ``b`` holds ``new_lens[b] <= seq_lens[b]`` tokens."""
 
+    def segment(self, start: int, end: int) -> Self:
+        """A copy of what row 0 gained from tokens ``[start, end)`` (its state has seen ``end`` tokens).
+
+        Per-token states copy those tokens; a recurrent state copies itself (it sums up all ``end``).
+        ``from_segments`` of consecutive segments ``[0, e1), [e1, e2), ...`` rebuilds the row at ``e_n``
+        (prefix reuse stores the segments of a prompt's blocks once and shares them).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot be cut into segments (prefix reuse)")
+
+    @classmethod
+    def from_segments(cls, segments: Sequence[Self]) -> Self:
+        """One row holding consecutive ``segments`` (copied; the segments stay unchanged)."""
+        raise NotImplementedError(f"{cls.__name__} cannot be joined from segments (prefix reuse)")
+
 
 @dataclass
 class KDAState(LayerState):
@@ -103,6 +124,7 @@ class KDAState(LayerState):
 
     state: torch.Tensor
     conv: torch.Tensor
+    forgets = False
 
     def select(self, idx: torch.Tensor, max_len: int) -> KDAState:
         return KDAState(self.state.index_select(0, idx), self.conv.index_select(0, idx))
@@ -130,6 +152,13 @@ class KDAState(LayerState):
 
     def truncate(self, seq_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
         self.check_truncate(seq_lens, new_lens)  # only a no-op truncation gets here
+
+    def segment(self, start: int, end: int) -> KDAState:
+        return KDAState(self.state[:1].clone(), self.conv[:1].clone())
+
+    @classmethod
+    def from_segments(cls, segments: Sequence[KDAState]) -> KDAState:
+        return segments[-1].clone(0)
 
 
 @dataclass
@@ -182,6 +211,13 @@ class MLAState(LayerState):
         """Zero the latents past each row's new length (padding stays zero, as ``cat`` writes it)."""
         j = torch.arange(self.buf.shape[1], device=self.buf.device)
         self.buf.masked_fill_((j[None, :] >= new_lens.to(self.buf.device)[:, None])[:, :, None], 0)
+
+    def segment(self, start: int, end: int) -> MLAState:
+        return MLAState(self.buf[:1, start:end].clone())
+
+    @classmethod
+    def from_segments(cls, segments: Sequence[MLAState]) -> MLAState:
+        return cls(torch.cat([s.buf for s in segments], dim=1))
 
 
 @dataclass
@@ -253,6 +289,44 @@ class Cache:
             st.truncate(self.seq_lens, new)
         self.seq_lens = new
 
+    def mark(self) -> CacheMark:
+        """Remember the current lengths (and copies of the layers that cannot forget) for ``rewind``."""
+        n = self.max_len
+        return CacheMark(self.seq_lens.clone(), [None if st.forgets else st.clone(n) for st in self.layers])
+
+    def rewind(self, mark: CacheMark, rows: Sequence[int]) -> Cache:
+        """A new cache of ``rows`` as they were at ``mark`` (taken on this batch, before it advanced).
+
+        Recurrent layers come from the mark's copies, per-token layers are truncated to the marked
+        lengths; ``self`` is unchanged. Speculative decoding uses it to undo rejected draft tokens.
+        """
+        idx = torch.tensor(list(rows), dtype=torch.long, device=self.seq_lens.device)
+        seq_lens = mark.seq_lens.index_select(0, idx)
+        n = int(seq_lens.max()) if len(idx) else 0
+        layers = []
+        for st, saved in zip(self.layers, mark.saved, strict=True):
+            if saved is None:
+                part = st.select(idx, n)
+                part.truncate(self.seq_lens.index_select(0, idx), seq_lens)
+            else:
+                part = saved.select(idx, n)
+            layers.append(part)
+        return Cache(layers, seq_lens)
+
+    def segment(self, start: int, end: int) -> list[LayerState]:
+        """Every layer's ``LayerState.segment`` of row 0 (which must have seen ``end`` tokens)."""
+        if int(self.seq_lens[0]) != end:
+            raise ValueError(f"Cache.segment: row 0 has seen {int(self.seq_lens[0])} tokens, not {end}")
+        return [st.segment(start, end) for st in self.layers]
+
+    @staticmethod
+    def from_segments(
+        segments: Sequence[Sequence[LayerState]], n_tokens: int, device: torch.device | str
+    ) -> Cache:
+        """A one-row cache from consecutive per-layer segments (``segments[j][i]``: block j, layer i)."""
+        layers = [type(parts[0]).from_segments(parts) for parts in zip(*segments, strict=True)]
+        return Cache(layers, torch.tensor([n_tokens], dtype=torch.long, device=device))
+
     @staticmethod
     def stack(caches: Sequence[Cache]) -> Cache:
         """Concatenate the rows of several caches (same model) into one batch."""
@@ -268,6 +342,14 @@ class Cache:
         n = int(seq_lens.max()) if seq_lens.numel() else 0
         layers = [type(st).cat([c.layers[i] for c in caches], n) for i, st in enumerate(first)]
         return Cache(layers, seq_lens)
+
+
+@dataclass
+class CacheMark:
+    """Lengths of a batch's rows and copies of its recurrent layers (``None`` for per-token ones)."""
+
+    seq_lens: torch.Tensor
+    saved: list[LayerState | None]
 
 
 @dataclass

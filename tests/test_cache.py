@@ -160,3 +160,44 @@ def test_stack_refuses_mixed_layouts():
         Cache.stack([Cache([kda(1)], torch.tensor([1])), Cache([mla([1])], torch.tensor([1]))])
     with pytest.raises(ValueError, match="non-empty"):
         Cache.stack([])
+
+
+def test_segments_rebuild_a_row_and_stay_unchanged():
+    full = Cache([kda(1, 1), mla([10], 2, cap=16)], torch.tensor([10]))
+    prefix = Cache([kda(1, 3), mla([10], 2, cap=16)], torch.tensor([10]))  # the same latents
+    with pytest.raises(ValueError, match="has seen 10 tokens"):
+        full.segment(0, 6)
+    prefix.seq_lens = torch.tensor([6])
+    first = prefix.segment(0, 6)
+    second = full.segment(6, 10)
+    assert first[1].buf.shape == (1, 6, 4) and second[1].buf.shape == (1, 4, 4)
+    assert torch.equal(second[0].state, full.layers[0].state)  # the recurrent state as of token 10
+    row = Cache.from_segments([first, second], 10, "cpu")
+    assert row.seq_lens.tolist() == [10]
+    assert same(rows_of(row.layers[1], [10]), rows_of(full.layers[1], [10]))
+    assert same(rows_of(row.layers[0], [1]), rows_of(full.layers[0], [1]))
+    kept = [t.clone() for t in (first[1].buf, second[1].buf, second[0].state)]
+    row.layers[0].state.add_(1.0)
+    row.layers[1].buf.add_(1.0)  # a restored row is a copy: mutating it leaves the segments alone
+    assert all(
+        torch.equal(a, b) for a, b in zip(kept, (first[1].buf, second[1].buf, second[0].state), strict=True)
+    )
+
+
+def test_mark_and_rewind_return_rows_to_their_marked_length():
+    c = Cache([kda(3, 1), mla([4, 2, 5], 2, cap=8)], torch.tensor([4, 2, 5]))
+    before = [[[t.clone() for t in r] for r in rows_of(st, [4, 2, 5])] for st in c.layers]
+    m = c.mark()
+    assert m.saved[1] is None and m.saved[0] is not None  # only the recurrent layer is copied
+    # advance: the recurrent state changes, every row gains 2 latents
+    c.layers[0].state.add_(5.0)
+    c.layers[1].ensure_capacity(7)
+    for b, n in enumerate([4, 2, 5]):
+        c.layers[1].buf[b, n : n + 2] = 9.0
+    c.seq_lens = c.seq_lens + 2
+    back = c.rewind(m, [2, 0])
+    assert back.seq_lens.tolist() == [5, 4]
+    assert same(rows_of(back.layers[0], [5, 4]), [before[0][2], before[0][0]])
+    assert same(rows_of(back.layers[1], [5, 4]), [before[1][2], before[1][0]])
+    assert float(back.layers[1].buf[1, 4:].abs().sum()) == 0.0  # forgotten latents are zero padding
+    assert c.seq_lens.tolist() == [6, 4, 7]  # the batch itself is unchanged
