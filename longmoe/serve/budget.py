@@ -8,6 +8,9 @@ per-token state for the request's whole life (prompt + ``max_tokens``), so a run
 and nothing needs preempting; a request that cannot fit even alone is rejected, one that cannot fit
 now waits. Physically the latents live in the ``Cache`` tensors (grown by doubling); the blocks are
 the unit of accounting, and ``Cache.nbytes()`` reports what is actually live.
+
+Prefix-reuse snapshots (``serve/prefix_cache.py``) live in the same budget as ``snapshot_bytes``: they
+only use what requests have not reserved, and are evicted before a request would wait.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from longmoe.cache import Cache
 from longmoe.model import LongMoE
 
 DEFAULT_BLOCK_SIZE = 16
@@ -34,7 +38,12 @@ class CacheSpec:
     @staticmethod
     def of(model: LongMoE) -> CacheSpec:
         """Sum of what each layer's state reports for one row."""
-        s = model.new_cache(1).spec()
+        return CacheSpec.of_cache(model.new_cache(1))
+
+    @staticmethod
+    def of_cache(cache: Cache) -> CacheSpec:
+        """What one row of ``cache`` costs (e.g. a target's and a draft model's layers together)."""
+        s = cache.spec()
         return CacheSpec(s.fixed, s.per_token)
 
     def bytes_for(self, n_tokens: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
@@ -55,10 +64,16 @@ class CacheBudget:
             raise ValueError(f"block_size: expected an integer >= 1, got {block_size}")
         self.spec, self.budget, self.block_size = spec, int(budget_bytes), block_size
         self.reserved: dict[int, int] = {}  # request id -> bytes
+        self.snapshot_bytes = 0  # prefix-reuse snapshots (evictable; owned by the PrefixCache)
 
     @property
     def reserved_bytes(self) -> int:
         return sum(self.reserved.values())
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes neither reserved by requests nor held by snapshots."""
+        return self.budget - self.reserved_bytes - self.snapshot_bytes
 
     def max_tokens_alone(self) -> int:
         """Most tokens (prompt + output) one request may hold when it has the budget to itself."""
@@ -76,8 +91,8 @@ class CacheBudget:
     def try_reserve(self, rid: int, n_tokens: int) -> bool:
         self.check(n_tokens)
         need = self.spec.bytes_for(n_tokens, self.block_size)
-        if self.reserved_bytes + need > self.budget:
-            return False
+        if need > self.free_bytes:
+            return False  # the caller may evict snapshots and retry
         self.reserved[rid] = need
         return True
 

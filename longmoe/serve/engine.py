@@ -14,6 +14,12 @@ One background thread owns the model and runs scheduler steps while there is wor
 5. changes the batch membership: finished rows leave (``Cache.select``), requests whose prefill just
    ended join (``Cache.stack``). Membership only changes here, between steps.
 
+Two options change how the work is done, never the greedy output: **prefix reuse**
+(``serve/prefix_cache.py``: a request starts from a stored snapshot of the longest block-aligned
+prefix of its prompt that an earlier request computed) and **speculative decoding**
+(``serve/speculative.py``: with a draft model, step 3 drafts ``k`` tokens per row, verifies them in one
+target forward and rolls rejected rows back).
+
 Rows never interact (the model is row-independent and MoE routing is per token), so a request's
 tokens are the same alone or batched; sampling depends only on its own logits and seed.
 """
@@ -29,7 +35,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -38,13 +44,15 @@ from longmoe.cache import Cache
 from longmoe.checkpoint import load_model
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.model import LongMoE
-from longmoe.ops.quant import MODES as QUANT_MODES
 from longmoe.quantize import quantize_model
 from longmoe.serve.budget import CacheBudget, CacheBudgetError, CacheSpec
 from longmoe.serve.compiled import CompiledSteps
 from longmoe.serve.detok import IncrementalDetokenizer
-from longmoe.serve.request import FINISH_REASONS, Completion, EngineError, Event, Request
+from longmoe.serve.engine_config import EngineConfig
+from longmoe.serve.prefix_cache import PrefixCache
+from longmoe.serve.request import FINISH_REASONS, Completion, EngineError, Event, Request, RequestHandle
 from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice, sample
+from longmoe.serve.speculative import Speculator
 from longmoe.serve.stops import find_stop, safe_end
 
 log = logging.getLogger(__name__)
@@ -53,68 +61,17 @@ _TPS_WINDOW_S = 10.0
 _MIN_PREFILL_ROW = 16  # fewest prompt tokens per row when prefill chunks are shared by several requests
 
 
-@dataclass
-class EngineConfig:
-    """Scheduler and memory knobs (validated)."""
-
-    prefill_chunk: int = 512  # prompt tokens fed per scheduler step (chunked prefill)
-    max_batch: int = 32  # requests prefilling or decoding at once
-    cache_budget_bytes: int = 1 << 30  # MLA latents + KDA states of all running requests
-    block_size: int = 16  # tokens per accounting block of MLA latents
-    max_waiting: int = 1024  # queued requests beyond which submissions are refused
-    add_bos: bool = True  # text prompts start with <|bos|>, as training documents do
-    device: str = "cpu"
-    # prompt + completion limit in tokens; None = the model's max_seq_len. Larger values are allowed
-    # on purpose: NoPE + KDA have no positional limit, and extrapolation tests run past the window.
-    max_context: int | None = None
-    quantize: str | None = None  # "int8" | "int4": weight-only, applied to the model at construction
-    compile: bool = False  # torch.compile the decode and prefill steps (serve/compiled.py)
-
-    def __post_init__(self) -> None:
-        for f in ("prefill_chunk", "max_batch", "cache_budget_bytes", "block_size", "max_waiting"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{f}: expected an integer >= 1, got {v!r}")
-        v = self.max_context
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
-            raise ValueError(f"max_context: expected None or an integer >= 2, got {v!r}")
-        if self.quantize is not None and self.quantize not in QUANT_MODES:
-            raise ValueError(f"quantize: expected None or one of {QUANT_MODES}, got {self.quantize!r}")
-
-
-class RequestHandle:
-    """A submitted request: iterate its events, wait for the result, or cancel it."""
-
-    def __init__(self, engine: Engine, req: Request, q: queue.Queue | None) -> None:
-        self._engine, self._req, self._q = engine, req, q
-        self.id, self.prompt_tokens = req.id, len(req.prompt_ids)
-        self.completion: Completion | None = None
-
-    def cancel(self) -> None:
-        self._engine._cancel(self._req)
-
-    def events(self, timeout: float | None = None) -> Iterator[Event]:
-        if self._q is None:
-            raise RuntimeError("this request delivers its events to the sink it was submitted with")
-        while self.completion is None:
-            ev = self._q.get(timeout=timeout)
-            if ev.done is not None:
-                self.completion = ev.done
-            yield ev
-
-    def result(self, timeout: float | None = None) -> Completion:
-        for _ in self.events(timeout):
-            pass
-        assert self.completion is not None
-        if self.completion.finish_reason == "error":
-            raise RuntimeError(f"request {self.id} failed: {self.completion.error}")
-        return self.completion
-
-
 class Engine:
     """Continuous-batching generation over a ``LongMoE`` model (see the module docstring)."""
 
-    def __init__(self, model: LongMoE, tokenizer: Tokenizer, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: LongMoE,
+        tokenizer: Tokenizer,
+        config: EngineConfig | None = None,
+        draft: LongMoE | None = None,
+    ) -> None:
+        """``draft``: a small model sharing the vocabulary; turns on speculative decoding."""
         self.cfg = config or EngineConfig()
         if self.cfg.quantize and getattr(model, "quantization", None) != self.cfg.quantize:
             quantize_model(model, self.cfg.quantize)  # in place: the float weights are released
@@ -127,8 +84,18 @@ class Engine:
             raise ValueError(
                 f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {self.vocab_size}"
             )
-        self.spec = CacheSpec.of(model)
+        self.speculator = (
+            None
+            if draft is None
+            else Speculator(model, draft.to(self.device), self.cfg.num_speculative_tokens)
+        )
+        self.spec = CacheSpec.of_cache(self._new_cache())
         self.budget = CacheBudget(self.spec, self.cfg.cache_budget_bytes, self.cfg.block_size)
+        self.prefix = (
+            PrefixCache(self.budget, self.cfg.prefix_block_size, self.device)
+            if self.cfg.prefix_cache
+            else None
+        )
         self._cv = threading.Condition()
         self._incoming: list[Request] = []
         self._waiting: deque[Request] = deque()
@@ -158,7 +125,8 @@ class Engine:
             raise TypeError(f"Engine.from_dir: unknown options {bad}; expected some of {sorted(known)}")
         cfg = EngineConfig(**opts)
         model, tokenizer, _ = load_model(path, device=cfg.device)
-        return cls(model, tokenizer, cfg)
+        draft = None if cfg.draft_model is None else load_model(cfg.draft_model, device=cfg.device).model
+        return cls(model, tokenizer, cfg, draft)
 
     @property
     def max_context(self) -> int:
@@ -242,7 +210,7 @@ class Engine:
             self.counters["prompt_tokens"] += len(ids)
             self._ensure_thread()
             self._cv.notify_all()
-        return RequestHandle(self, req, q)
+        return RequestHandle(req, q, self._cancel)
 
     def generate(self, prompt: str | list[int], params: SamplingParams | None = None) -> Completion:
         return self.submit(prompt, params).result()
@@ -285,6 +253,8 @@ class Engine:
             "cache_bytes_reserved": self.budget.reserved_bytes,
             "cache_budget_bytes": self.budget.budget,
             "tokens_per_second": sum(n for _, n in recent) / _TPS_WINDOW_S,
+            **(self.prefix.report() if self.prefix is not None else {}),
+            **(self.speculator.report() if self.speculator is not None else {}),
         }
 
     def close(self) -> None:
@@ -375,11 +345,27 @@ class Engine:
             if len(self._prefilling) + len(self._joining) + len(self._batch_reqs) >= self.cfg.max_batch:
                 return
             r = self._waiting[0]
-            if not self.budget.try_reserve(r.id, len(r.prompt_ids) + r.params.max_tokens):
-                return  # wait for running requests to free their reservations (arrival order kept)
+            while not self.budget.try_reserve(r.id, len(r.prompt_ids) + r.params.max_tokens):
+                if self.prefix is None or not self.prefix.evict_one():  # snapshots go first
+                    return  # wait for running requests to free their reservations (arrival order kept)
             self._waiting.popleft()
-            r.cache = self.model.new_cache(1, self.device)
+            r.cache = self._new_cache()
+            if self.prefix is not None:
+                r.block_hashes = self.prefix.hashes(r.prompt_ids)
+                self.prefix.reuse(r)
             self._prefilling.append(r)
+
+    def _new_cache(self) -> Cache:
+        """An empty one-row cache (the draft model's layers included when speculating)."""
+        if self.speculator is not None:
+            return self.speculator.new_cache(1, self.device)
+        return self.model.new_cache(1, self.device)
+
+    def _forward(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Prompt tokens ``x [B, T]`` into ``cache`` (and the draft's layers); the target's logits."""
+        if self.speculator is not None:
+            return self.speculator.forward(x, cache)
+        return self.model(x, cache=cache).logits
 
     def _prefill_step(self) -> int:
         """Feed one chunk of about ``prefill_chunk`` prompt tokens in one forward call.
@@ -387,11 +373,16 @@ class Engine:
         The oldest prefilling requests form a group of ``k`` rows that each get the same number
         ``L = min(shortest remaining prompt, prefill_chunk // k)`` of new tokens, so the chunk is a
         dense ``[k, L]`` batch (rows may have different cached lengths; the cache masks per row).
-        Any split of a prompt gives the same logits, so the grouping never changes an output.
+        Any split of a prompt gives the same logits, so the grouping never changes an output. With
+        prefix reuse the chunk ends where a snapshot is wanted (``PrefixCache.chunk``), snapshots are
+        stored, and requests that wait for an older one to compute their shared prefix sit out.
         """
         cs = self.cfg.prefill_chunk
-        group = self._prefilling[: max(1, cs // _MIN_PREFILL_ROW)]
+        ready = self._prefilling if self.prefix is None else self.prefix.ready(self._prefilling)
+        group = ready[: max(1, cs // _MIN_PREFILL_ROW)]
         L = min(min(len(r.prompt_ids) - r.n_fed for r in group), max(1, cs // len(group)))
+        if self.prefix is not None:
+            L = self.prefix.chunk(group[0], L)
         x = torch.tensor(
             [r.prompt_ids[r.n_fed : r.n_fed + L] for r in group], dtype=torch.long, device=self.device
         )  # [k, L]
@@ -406,7 +397,11 @@ class Engine:
         produced = 0
         for i, r in enumerate(group):
             r.n_fed += L
+            if self.prefix is not None and r.cache is not None:
+                self.prefix.store(r.prompt_ids, r.block_hashes, r.cache)
             if r.n_fed == len(r.prompt_ids):
+                if self.prefix is not None:
+                    self.prefix.count(r)
                 self._prefilling.remove(r)
                 self._accept(r, self._choose(r, logits[i]))
                 produced += 1
@@ -418,6 +413,11 @@ class Engine:
 
     def _decode_step(self) -> int:
         assert self._batch is not None
+        if self.speculator is not None:
+            before = sum(len(r.out) for r in self._batch_reqs)
+            self._batch, order = self.speculator.step(self._batch_reqs, self._batch, self._emit)
+            self._batch_reqs = [self._batch_reqs[i] for i in order]
+            return sum(len(r.out) for r in self._batch_reqs) - before
         x = torch.tensor([[r.out[-1]] for r in self._batch_reqs], dtype=torch.long, device=self.device)
         logits = self._last_logits(x, self._batch)  # [B, V]
         greedy_rows = [i for i, r in enumerate(self._batch_reqs) if r.plain_greedy]
@@ -434,6 +434,10 @@ class Engine:
         if self.compiled is not None:
             return self.compiled(x, cache)[:, -1]
         return self.model(x, cache=cache).logits[:, -1]
+
+    def _emit(self, r: Request, choice: TokenChoice) -> bool:
+        self._accept(r, choice)
+        return r.finish is None
 
     def _choose(self, r: Request, logits: torch.Tensor) -> TokenChoice:
         if r.plain_greedy:

@@ -161,6 +161,11 @@ def sample(logits: torch.Tensor, st: SamplerState) -> TokenChoice:
     else:
         probs = torch.softmax(x, dim=-1)
         tok = int(torch.multinomial(probs, 1, generator=st.generator))
+    return record_choice(tok, logits, st)
+
+
+def record_choice(tok: int, logits: torch.Tensor, st: SamplerState) -> TokenChoice:
+    """Record ``tok`` as picked from ``logits [V]``: its logprobs if asked for, and the penalty counts."""
     choice = TokenChoice(tok)
     if st.params.logprobs or st.params.top_logprobs:
         lp = torch.log_softmax(logits.float(), dim=-1)

@@ -1,0 +1,41 @@
+"""The engine's options: scheduler, memory, prefix reuse and speculative decoding knobs (validated)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from longmoe.ops.quant import MODES as QUANT_MODES
+
+
+@dataclass
+class EngineConfig:
+    """Scheduler and memory knobs (validated)."""
+
+    prefill_chunk: int = 512  # prompt tokens fed per scheduler step (chunked prefill)
+    max_batch: int = 32  # requests prefilling or decoding at once
+    cache_budget_bytes: int = 1 << 30  # MLA latents + KDA states of all running requests
+    block_size: int = 16  # tokens per accounting block of MLA latents
+    max_waiting: int = 1024  # queued requests beyond which submissions are refused
+    add_bos: bool = True  # text prompts start with <|bos|>, as training documents do
+    device: str = "cpu"
+    # prompt + completion limit in tokens; None = the model's max_seq_len. Larger values are allowed
+    # on purpose: NoPE + KDA have no positional limit, and extrapolation tests run past the window.
+    max_context: int | None = None
+    quantize: str | None = None  # "int8" | "int4": weight-only, applied to the model at construction
+    compile: bool = False  # torch.compile the decode and prefill steps (serve/compiled.py)
+    prefix_cache: bool = True  # reuse snapshots of earlier prompts' block-aligned prefixes
+    prefix_block_size: int = 64  # prompt tokens per prefix block (snapshots sit at multiples of it)
+    draft_model: str | None = None  # model directory of a draft for speculative decoding (from_dir)
+    num_speculative_tokens: int = 3  # tokens the draft proposes per step
+
+    def __post_init__(self) -> None:
+        ints = ("prefill_chunk", "max_batch", "cache_budget_bytes", "block_size", "max_waiting")
+        for f in (*ints, "prefix_block_size", "num_speculative_tokens"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{f}: expected an integer >= 1, got {v!r}")
+        v = self.max_context
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
+            raise ValueError(f"max_context: expected None or an integer >= 2, got {v!r}")
+        if self.quantize is not None and self.quantize not in QUANT_MODES:
+            raise ValueError(f"quantize: expected None or one of {QUANT_MODES}, got {self.quantize!r}")

@@ -1,0 +1,239 @@
+"""Speculative decoding: a small draft model proposes ``k`` tokens, the target verifies them in one forward.
+
+The draft model's layers live in the same ``Cache`` as the target's (``Speculator.new_cache``: the
+target's layers, then the draft's, one ``seq_lens``), so the engine's batching (``select``, ``stack``,
+``split``), byte accounting and prefix snapshots cover both without knowing about drafts. The target
+model reads only its first ``n_layers`` layers; the draft runs on a view of the rest.
+
+One decode step for a batch whose rows each end in their last token ``t``:
+
+1. **draft**: ``k`` one-token steps propose ``d_1..d_k`` per row (greedy rows: the draft's argmax;
+   sampled rows: a sample from the draft's processed distribution ``q``), and one more step feeds
+   ``d_k``, so both models have consumed ``[t, d_1..d_k]``;
+2. **verify**: the target reads ``[t, d_1..d_k]`` in one ``[B, k+1]`` forward, giving its distribution
+   ``p_i`` after each prefix;
+3. **accept** per row, in order: greedy rows keep ``d_i`` while it is the target's argmax and then emit
+   the target's argmax (so the output is the target's greedy output, token for token); sampled rows
+   keep ``d_i`` with probability ``min(1, p_i(d_i) / q_i(d_i))`` and on the first rejection emit a
+   sample of ``norm(max(0, p_i - q_i))`` (standard speculative sampling: every emitted token is
+   distributed as the target's ``p_i``). A row that keeps all ``k`` emits a bonus token from ``p_k``;
+4. **rollback**: a row that kept ``n < k`` tokens must forget ``d_{n+1}..d_k``. MLA latents can be
+   truncated, KDA states and conv tails cannot (a recurrent state has no per-token history), so the
+   step takes a ``Cache.mark`` (copies of the recurrent layers) before drafting and **replays**:
+   ``Cache.rewind`` returns the row to the mark, and one forward per distinct ``n`` feeds
+   ``[t, d_1..d_n]`` again to both models. Rows that kept everything need nothing.
+
+Snapshot + replay was chosen over keeping per-position states of the verify pass because it needs no
+change to the layers or operators; ``bench/serve.py`` measures what the replay costs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from longmoe.cache import Cache, CacheMark
+from longmoe.model import LongMoE
+from longmoe.serve.request import Request
+from longmoe.serve.sampling import TokenChoice, process_logits, record_choice
+
+# emit(request, choice) -> whether the request wants more tokens (False once it finished)
+Emit = Callable[[Request, TokenChoice], bool]
+
+
+def accept_or_resample(
+    p: torch.Tensor, q: torch.Tensor, token: int, generator: torch.Generator
+) -> tuple[bool, int]:
+    """Speculative sampling for one drafted ``token ~ q``: ``(True, token)`` with probability
+    ``min(1, p[token] / q[token])``, else ``(False, t)`` with ``t ~ norm(max(0, p - q))``."""
+    u = float(torch.rand((), generator=generator, device=p.device))
+    if u * float(q[token]) < float(p[token]):
+        return True, token
+    resid = (p - q).clamp_min(0)
+    if float(resid.sum()) <= 0:  # p == q up to rounding: any rejection is rounding noise
+        resid = p
+    return False, int(torch.multinomial(resid / resid.sum(), 1, generator=generator))
+
+
+@dataclass
+class SpecStats:
+    steps: int = 0  # speculative decode steps
+    rows: int = 0  # row-steps (one per running request per step)
+    proposed: int = 0  # draft tokens verified
+    accepted: int = 0  # ... that the target kept
+    replayed_rows: int = 0  # row-steps that rolled back and replayed
+    replay_s: float = 0.0  # wall time spent rolling back and replaying
+
+
+class Speculator:
+    """Draft-and-verify decoding of a batch (see the module docstring)."""
+
+    def __init__(self, target: LongMoE, draft: LongMoE, k: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"num_speculative_tokens: expected an integer >= 1, got {k!r}")
+        if draft.cfg.vocab_size != target.cfg.vocab_size:
+            raise ValueError(
+                f"draft model: vocab_size {draft.cfg.vocab_size} differs from the target's "
+                f"{target.cfg.vocab_size}; a draft must share the target's tokenizer"
+            )
+        self.target, self.draft, self.k = target, draft.eval(), k
+        self.n_target = target.cfg.n_layers
+        self.stats = SpecStats()
+
+    def new_cache(self, batch_size: int, device: torch.device) -> Cache:
+        """An empty cache holding the target's layers, then the draft's."""
+        t, d = self.target.new_cache(batch_size, device), self.draft.new_cache(batch_size, device)
+        return Cache(t.layers + d.layers, t.seq_lens)
+
+    def _draft_view(self, cache: Cache) -> Cache:
+        return Cache(cache.layers[self.n_target :], cache.seq_lens)
+
+    def forward(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Both models consume ``x [B, T]``; returns the target's logits ``[B, T, V]``."""
+        self.draft(x, cache=self._draft_view(cache))
+        return self.target(x, cache=cache).logits
+
+    def report(self) -> dict[str, float]:
+        s = self.stats
+        return {
+            "spec_steps": s.steps,
+            "spec_proposed": s.proposed,
+            "spec_accepted": s.accepted,
+            "spec_acceptance_rate": s.accepted / s.proposed if s.proposed else 0.0,
+            "spec_tokens_per_row_step": (s.accepted + s.rows) / s.rows if s.rows else 0.0,
+            "spec_replayed_rows": s.replayed_rows,
+            "spec_replay_s": s.replay_s,
+        }
+
+    # ------------------------------------------------------------------ one decode step
+    def step(self, reqs: Sequence[Request], cache: Cache, emit: Emit) -> tuple[Cache, list[int]]:
+        """Decode ``reqs`` (the rows of ``cache``, each ending in ``r.out[-1]``); tokens go to ``emit``.
+
+        Returns the batch cache afterwards and its row order (indices into ``reqs``)."""
+        k, dev = self.k, cache.seq_lens.device
+        mark = cache.mark()
+        last = torch.tensor([[r.out[-1]] for r in reqs], dtype=torch.long, device=dev)  # [B, 1]
+        view = self._draft_view(cache)
+        qs: list[list[torch.Tensor]] = [[] for _ in reqs]
+        drafted: list[list[int]] = []
+        x = last
+        for j in range(k + 1):
+            logits = self.draft(x, cache=view).logits[:, 0].float()  # [B, V]
+            if j < k:
+                drafted.append(self._propose(reqs, logits, qs))
+                x = torch.tensor(drafted[-1], dtype=torch.long, device=dev)[:, None]
+        D = torch.tensor(drafted, dtype=torch.long, device=dev).T  # [B, k]
+        target_logits = self.target(torch.cat([last, D], dim=1), cache=cache).logits.float()  # [B, k+1, V]
+        argmax = target_logits.argmax(-1).tolist()  # [B][k+1]
+        kept = []
+        for b, r in enumerate(reqs):
+            accepted, judged = self._verify(r, target_logits[b], argmax[b], drafted, b, qs[b], emit)
+            self.stats.accepted += accepted
+            self.stats.proposed += judged
+            kept.append(k if r.finish is not None else accepted)  # a finished row leaves: no rollback
+        self.stats.steps += 1
+        self.stats.rows += len(reqs)
+        return self._rollback(reqs, cache, mark, last, D, kept)
+
+    def _propose(
+        self, reqs: Sequence[Request], logits: torch.Tensor, qs: list[list[torch.Tensor]]
+    ) -> list[int]:
+        toks = logits.argmax(-1).tolist()
+        for b, r in enumerate(reqs):
+            if r.plain_greedy:
+                continue
+            assert r.sampler is not None
+            x = process_logits(logits[b], r.sampler)  # penalties as of the last accepted token
+            if r.params.greedy:
+                toks[b] = int(x.argmax())
+            else:
+                q = torch.softmax(x, dim=-1)
+                toks[b] = int(torch.multinomial(q, 1, generator=r.sampler.generator))
+                qs[b].append(q)
+        return toks
+
+    def _verify(
+        self,
+        r: Request,
+        logits: torch.Tensor,
+        argmax: list[int],
+        drafted: list[list[int]],
+        b: int,
+        qs: list[torch.Tensor],
+        emit: Emit,
+    ) -> tuple[int, int]:
+        """Emit row ``b``'s accepted tokens and the correction (or bonus) until it finishes.
+
+        Returns ``(drafts accepted, drafts judged)``."""
+        k = self.k
+        for i in range(k + 1):
+            d = drafted[i][b] if i < k else -1
+            if r.plain_greedy:
+                tok = argmax[i]
+                choice = TokenChoice(tok)
+            else:
+                st = r.sampler
+                assert st is not None
+                x = process_logits(logits[i], st)  # penalties see the tokens accepted so far
+                if r.params.greedy:
+                    tok = int(x.argmax())
+                elif i < k:
+                    ok, tok = accept_or_resample(torch.softmax(x, dim=-1), qs[i], d, st.generator)
+                else:
+                    tok = int(torch.multinomial(torch.softmax(x, dim=-1), 1, generator=st.generator))
+                choice = record_choice(tok, logits[i], st)
+            more = emit(r, choice)
+            if tok != d:
+                return i, min(i + 1, k)
+            if not more:
+                return i + 1, i + 1
+        return k, k
+
+    def _rollback(
+        self,
+        reqs: Sequence[Request],
+        cache: Cache,
+        mark: CacheMark,
+        last: torch.Tensor,
+        D: torch.Tensor,
+        kept: list[int],
+    ) -> tuple[Cache, list[int]]:
+        k = self.k
+        short = sorted({n for n in kept if n < k})
+        if not short:
+            return cache, list(range(len(reqs)))
+        t0 = time.perf_counter()
+        order = [b for b, n in enumerate(kept) if n == k]
+        parts = [cache.select(order)] if order else []
+        x_all = torch.cat([last, D], dim=1)  # [B, k+1]
+        for n in short:
+            rows = [b for b, m in enumerate(kept) if m == n]
+            sub = cache.rewind(mark, rows)
+            idx = torch.tensor(rows, dtype=torch.long, device=x_all.device)
+            self.forward(x_all.index_select(0, idx)[:, : n + 1], sub)
+            parts.append(sub)
+            order += rows
+        self.stats.replayed_rows += len(reqs) - kept.count(k)
+        self.stats.replay_s += time.perf_counter() - t0
+        return Cache.stack(parts), order
+
+
+def truncated_draft(model: LongMoE, n_layers: int) -> LongMoE:
+    """A draft made of ``model``'s first ``n_layers`` layers (embeddings, head and norms shared by copy).
+
+    Costs no training; its acceptance rate says how much the later layers change the prediction.
+    """
+    if not 1 <= n_layers <= model.cfg.n_layers:
+        raise ValueError(f"n_layers: expected 1..{model.cfg.n_layers}, got {n_layers}")
+    blocks = min(model.cfg.attn_res_blocks, n_layers)
+    draft = LongMoE(model.cfg.replace(n_layers=n_layers, attn_res_blocks=blocks))
+    own = model.state_dict()
+    sd = {}
+    for name, t in draft.state_dict().items():
+        src = own[name]
+        sd[name] = src if src.shape == t.shape else src[tuple(slice(0, n) for n in t.shape)]
+    draft.load_state_dict(sd)
+    return draft.to(next(model.parameters()).device).eval()

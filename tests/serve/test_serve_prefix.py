@@ -1,0 +1,136 @@
+"""Prefix reuse: identical outputs with and without snapshots at every alignment, concurrent groups
+share one prefill, eviction under memory pressure, no leakage between prompts (even when their block
+hashes collide), stored snapshots never change, stats."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from serveutil import VOCAB
+
+from longmoe.serve.engine import Engine
+from longmoe.serve.sampling import SamplingParams
+
+BS = 8
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+SAMPLED = SamplingParams(max_tokens=6, temperature=0.9, seed=7, ignore_eos=True)
+
+
+def ids(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def plain(model_dir):
+    with Engine.from_dir(model_dir, prefill_chunk=16, prefix_cache=False) as e:
+        yield e
+
+
+def reuse_engine(model_dir, **kw) -> Engine:
+    return Engine.from_dir(model_dir, **{"prefill_chunk": 16, "prefix_block_size": BS, **kw})
+
+
+def test_outputs_identical_for_hits_at_every_alignment(model_dir, plain):
+    base = ids(40, 0)
+    with reuse_engine(model_dir, prefill_chunk=BS) as e:  # chunk ends (snapshots) at every block
+        assert e.generate(base, GREEDY).token_ids == plain.generate(base, GREEDY).token_ids
+        assert e.stats()["prefix_snapshots"] > 0
+        for shared in range(2 * BS + 1, 3 * BS + 1):  # every prefix length mod the block size
+            for n_tail, params in ((1, GREEDY), (5, SAMPLED)):
+                prompt = base[:shared] + ids(n_tail, shared)
+                before = e.stats()["prefix_tokens_reused"]
+                got = e.generate(prompt, params).token_ids
+                assert got == plain.generate(prompt, params).token_ids, (shared, n_tail)
+                reused = e.stats()["prefix_tokens_reused"] - before
+                assert reused == min(shared, len(prompt) - 1) // BS * BS  # clamped to a snapshot boundary
+        s = e.stats()
+        assert s["prefix_hits"] == 16 and s["prefix_lookups"] == 17
+
+
+def test_multi_turn_and_shared_system_prompt_hit(model_dir, plain):
+    system = ids(3 * BS + 3, 1)
+    with reuse_engine(model_dir) as e:
+        turn1 = system + ids(5, 2)
+        out1 = e.generate(turn1, GREEDY).token_ids
+        turn2 = turn1 + out1 + ids(4, 3)  # the next turn extends the whole conversation
+        assert e.generate(turn2, GREEDY).token_ids == plain.generate(turn2, GREEDY).token_ids
+        assert e.stats()["prefix_tokens_reused"] == (len(turn1) - 1) // BS * BS
+        other = system + ids(6, 4)  # another user, same system prompt
+        assert e.generate(other, GREEDY).token_ids == plain.generate(other, GREEDY).token_ids
+        assert e.stats()["prefix_hits"] == 2
+
+
+def test_concurrent_group_computes_the_prefix_once(model_dir, plain):
+    task = ids(5 * BS + 2, 5)
+    G = 4
+    params = [SamplingParams(max_tokens=5, temperature=1.0, seed=s, ignore_eos=True) for s in range(G)]
+    with reuse_engine(model_dir) as e:
+        got = [c.token_ids for c in e.generate_batch([task] * G, params)]
+        s = e.stats()
+    assert got == [c.token_ids for c in plain.generate_batch([task] * G, params)]
+    assert s["prefix_hits"] == G - 1
+    assert s["prefix_tokens_reused"] == (G - 1) * (len(task) - 1) // BS * BS
+
+
+def test_eviction_under_pressure_and_budget_accounting(model_dir):
+    with reuse_engine(model_dir) as probe:
+        need = probe.budget.spec.bytes_for(200, probe.budget.block_size)
+    budget = 2 * need
+    with reuse_engine(model_dir, cache_budget_bytes=budget) as e:
+        for i in range(6):  # distinct long prompts fill the free bytes with snapshots
+            e.generate(ids(150, 10 + i), SamplingParams(max_tokens=2, temperature=0.0))
+            assert e.budget.snapshot_bytes + e.budget.reserved_bytes <= budget
+        assert e.stats()["prefix_evictions"] > 0
+        # a request needing nearly the whole budget is admitted at once: snapshots make room
+        n_alone = e.budget.max_tokens_alone()
+        big = SamplingParams(max_tokens=n_alone - 150, temperature=0.0, ignore_eos=True)
+        assert e.budget.snapshot_bytes + e.budget.spec.bytes_for(n_alone, e.budget.block_size) > budget
+        evicted = e.stats()["prefix_evictions"]
+        c = e.generate(ids(150, 99), big)
+        assert (c.finish_reason, c.completion_tokens) == ("length", big.max_tokens)
+        assert e.stats()["prefix_evictions"] > evicted
+        assert e.budget.snapshot_bytes + e.budget.reserved_bytes <= budget
+
+
+def test_colliding_hashes_never_share_state(model_dir, plain):
+    with reuse_engine(model_dir) as e:
+        assert e.prefix is not None
+        e.prefix.hash_fn = lambda parent, tokens: b"same"  # every block of every prompt collides
+        a, b = ids(30, 20), ids(30, 21)
+        e.generate(a, GREEDY)
+        assert e.stats()["prefix_snapshots"] > 0
+        assert e.generate(b, GREEDY).token_ids == plain.generate(b, GREEDY).token_ids
+        assert e.stats()["prefix_hits"] == 0  # b's blocks hash like a's, but its tokens differ
+
+
+def test_reusing_a_snapshot_never_changes_it(model_dir, plain):
+    with reuse_engine(model_dir) as e:
+        base = ids(33, 30)
+        e.generate(base, GREEDY)
+        assert e.prefix is not None
+        before = {
+            k: [[t.clone() for t in vars(s).values() if isinstance(t, torch.Tensor)] for s in n.segments]
+            for k, n in e.prefix.nodes.items()
+        }
+        for tail in range(3):
+            e.generate(base + ids(4, tail), SAMPLED)
+        assert e.stats()["prefix_hits"] == 3
+        for k, segs in before.items():
+            node = e.prefix.nodes[k]
+            now = [[t for t in vars(s).values() if isinstance(t, torch.Tensor)] for s in node.segments]
+            assert all(
+                torch.equal(x, y)
+                for xs, ys in zip(segs, now, strict=True)
+                for x, y in zip(xs, ys, strict=True)
+            )
+        again = base + ids(4, 0)
+        assert e.generate(again, GREEDY).token_ids == plain.generate(again, GREEDY).token_ids
+
+
+def test_prefix_cache_off_has_no_stats_and_block_size_validated(model_dir, plain):
+    assert "prefix_hits" not in plain.stats()
+    with pytest.raises(ValueError, match="prefix_block_size"):
+        Engine.from_dir(model_dir, prefix_block_size=0)
