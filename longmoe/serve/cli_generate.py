@@ -36,6 +36,19 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="torch.compile the decode/prefill steps (compiles at the first requests; see docs/serve.md)",
     )
+    p.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse state snapshots of earlier prompts' shared prefixes (default on)",
+    )
+    p.add_argument(
+        "--prefix-block-size", type=int, default=64, help="prompt tokens per prefix-reuse block (64)"
+    )
+    p.add_argument("--draft-model", default=None, help="draft model directory: speculative decoding")
+    p.add_argument(
+        "--num-speculative-tokens", type=int, default=3, help="tokens the draft proposes per step (3)"
+    )
 
 
 def engine_from_args(args: argparse.Namespace) -> Engine:
@@ -47,6 +60,10 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         cache_budget_bytes=int(args.cache_budget_mb * 2**20),
         quantize=args.quantize,
         compile=args.compile,
+        prefix_cache=args.prefix_cache,
+        prefix_block_size=args.prefix_block_size,
+        draft_model=args.draft_model,
+        num_speculative_tokens=args.num_speculative_tokens,
     )
 
 

@@ -1,4 +1,5 @@
-"""CLI: ``longmoe generate`` streams the engine's output, ``longmoe chat`` runs from stdin,
+"""CLI: ``longmoe generate`` streams the engine's output (also with a draft model and the prefix-cache
+flags), ``longmoe chat`` runs from stdin,
 ``longmoe serve`` honours ``LONGMOE_API_KEY``; every option has a help string."""
 
 from __future__ import annotations
@@ -30,6 +31,18 @@ def test_generate_streams_greedy_output(model_dir, engine, capsys):
     assert rc == 0
     ref = engine.generate("def foo(x):", SamplingParams(max_tokens=6, temperature=0.0))
     assert capsys.readouterr().out == ref.text + "\n"
+
+
+def test_generate_with_speculation_and_prefix_flags(model_dir, engine, capsys):
+    args = ["--temperature", "0", "--max-tokens", "6", "--no-prefix-cache", "--prefix-block-size", "8"]
+    spec = ["--draft-model", str(model_dir), "--num-speculative-tokens", "2"]  # the model drafts for itself
+    assert main(["generate", "--model", str(model_dir), "def foo(x):", *args, *spec]) == 0
+    ref = engine.generate("def foo(x):", SamplingParams(max_tokens=6, temperature=0.0))
+    assert capsys.readouterr().out == ref.text + "\n"
+    ns = build_parser("generate").parse_args(["generate", "--model", "m", "x", "--no-prefix-cache"])
+    assert ns.prefix_cache is False and ns.draft_model is None
+    assert main(["generate", "--model", str(model_dir), "x", "--num-speculative-tokens", "0"]) == 2
+    assert "num_speculative_tokens" in capsys.readouterr().err
 
 
 def test_generate_bad_input(model_dir, tmp_path, capsys):
