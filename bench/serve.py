@@ -13,7 +13,9 @@ Measured in the same run: decode ms/token after a prompt of 1K, 4K, 16K, 32K tok
 cache steps measured round-robin over the contexts; the peer: gaps between tokens in ``generate``);
 engine decode ms/token at batch 1, eager and with ``--compile`` (torch.compile; compile time too);
 prefill tokens/s of an 8K prompt by engine chunk size; generated tokens/s with 1, 8 and 32
-concurrent requests (continuous batching).
+concurrent requests (continuous batching); prefix reuse (time to first token after a 4K-token shared
+prefix) and speculative decoding (tokens/s and acceptance rate by ``k``), each against the same engine
+without it (``bench/serve_fast.py``). Engines run without prefix reuse unless a row says otherwise.
 
     python -m bench.serve            # full sizes (several minutes on 2 shared cores)
     python -m bench.serve --quick    # contexts 512/2048, small prompts (about a minute)
@@ -30,6 +32,7 @@ import warnings
 import torch
 
 from bench.common import markdown_table, write_results
+from bench.serve_fast import prefix_rows, spec_rows
 from longmoe.config import ModelConfig, preset
 from longmoe.model import LongMoE
 from longmoe.serve.engine import Engine, EngineConfig
@@ -88,7 +91,7 @@ def make_engine(cfg: ModelConfig, **kw) -> Engine:
     from longmoe.data.tokenizer import tokenizer_for_tests
 
     torch.manual_seed(0)
-    opts = {"cache_budget_bytes": 8 << 30, "prefill_chunk": 2048, **kw}
+    opts = {"cache_budget_bytes": 8 << 30, "prefill_chunk": 2048, "prefix_cache": False, **kw}
     return Engine(LongMoE(cfg), tokenizer_for_tests(512), EngineConfig(**opts))
 
 
@@ -272,6 +275,14 @@ def main() -> int:
             rows.append([f"throughput tok/s, {n} concurrent x {conc_tokens} tokens", tps, "", ""])
             print(rows[-1], flush=True)
         hybrid.close()
+
+        def engine(**kw) -> Engine:
+            return make_engine(cfg, **kw)
+
+        for key, fn in (("prefix_reuse", prefix_rows), ("speculative", spec_rows)):
+            new_rows, results[key] = fn(engine, rand_ids, cfg.vocab_size, args.quick)
+            rows += new_rows
+            print(new_rows, flush=True)
     t = results["throughput"]
     results["throughput_ratio_32_vs_1"] = t[-1]["tok_s"] / t[0]["tok_s"]
     rows.append(["throughput ratio 32 / 1 (target >= 8)", results["throughput_ratio_32_vs_1"], "", ""])

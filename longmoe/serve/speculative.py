@@ -229,7 +229,8 @@ def truncated_draft(model: LongMoE, n_layers: int) -> LongMoE:
     if not 1 <= n_layers <= model.cfg.n_layers:
         raise ValueError(f"n_layers: expected 1..{model.cfg.n_layers}, got {n_layers}")
     blocks = min(model.cfg.attn_res_blocks, n_layers)
-    draft = LongMoE(model.cfg.replace(n_layers=n_layers, attn_res_blocks=blocks))
+    pattern = "".join(model.cfg.layer_types[:n_layers])  # the same kind of layer at every index
+    draft = LongMoE(model.cfg.replace(n_layers=n_layers, layer_pattern=pattern, attn_res_blocks=blocks))
     own = model.state_dict()
     sd = {}
     for name, t in draft.state_dict().items():
