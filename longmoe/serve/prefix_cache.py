@@ -114,9 +114,12 @@ class PrefixCache:
         return node
 
     # ------------------------------------------------------------------ reuse and store
-    def lookup(self, ids: Sequence[int], hashes: Sequence[bytes]) -> tuple[int, Cache | None]:
-        """The longest stored prefix of ``ids`` (at most ``last_boundary``): ``(length, a fresh cache)``."""
-        for end in range(self.last_boundary(len(ids)), 0, -self.block_size):
+    def lookup(
+        self, ids: Sequence[int], hashes: Sequence[bytes], longer_than: int = 0
+    ) -> tuple[int, Cache | None]:
+        """The longest stored prefix of ``ids`` (at most ``last_boundary``, more than ``longer_than``
+        tokens): ``(length, a fresh cache)``, or ``(0, None)``."""
+        for end in range(self.last_boundary(len(ids)), longer_than, -self.block_size):
             node = self._find(ids, hashes, end)
             if node is not None:
                 chain = node.chain()
@@ -183,8 +186,8 @@ class PrefixCache:
     # ------------------------------------------------------------------ scheduling
     def reuse(self, r: Request) -> None:
         """Start ``r`` from the longest stored prefix of its prompt, if longer than what it has."""
-        n, cache = self.lookup(r.prompt_ids, r.block_hashes)
-        if cache is not None and n > r.n_fed:
+        n, cache = self.lookup(r.prompt_ids, r.block_hashes, longer_than=r.n_fed)
+        if cache is not None:
             r.cache, r.n_fed, r.reused = cache, n, n
 
     def ready(self, prefilling: Sequence[Request]) -> list[Request]:
