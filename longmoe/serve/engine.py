@@ -430,10 +430,12 @@ class Engine:
         return len(self._batch_reqs)
 
     def _last_logits(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
-        """Logits ``[B, V]`` of the last position of ``x [B, T]`` continuing ``cache`` (compiled or not)."""
-        if self.compiled is not None:
-            return self.compiled(x, cache)[:, -1]
-        return self.model(x, cache=cache).logits[:, -1]
+        """Logits ``[B, V]`` of the last position of ``x [B, T]`` continuing ``cache``: through the
+        speculator when there is a draft (its layers live in the same cache and must see the prompt too),
+        else the compiled steps or the eager model."""
+        if self.speculator is not None or self.compiled is None:
+            return self._forward(x, cache)[:, -1]
+        return self.compiled(x, cache)[:, -1]
 
     def _emit(self, r: Request, choice: TokenChoice) -> bool:
         self._accept(r, choice)
