@@ -197,6 +197,7 @@ class Engine:
             and params.repetition_penalty == 1.0
             and not (params.frequency_penalty or params.presence_penalty)
             and not (params.logprobs or params.top_logprobs)
+            and params.constraint is None
         )
         req.sampler = SamplerState(params, ids, self.vocab_size, self.device)
         req.detok = IncrementalDetokenizer(self.tokenizer)
@@ -478,12 +479,15 @@ class Engine:
         length = len(r.out) >= p.max_tokens or len(r.prompt_ids) + len(r.out) >= self.max_context
         reason = "stop" if tok in r.stop_ids else None
         new = "" if reason else r.detok.step(tok)
-        if reason or length:  # the last token: the text is complete, incomplete characters included
+        complete = r.sampler is not None and r.sampler.constrained_done  # e.g. the JSON is closed
+        if reason or length or complete:  # the last token: the text is complete, partial characters included
             new += r.detok.flush()
         if new:
             r.text += new
             if p.stop and (cut := find_stop(r.text, p.stop, len(new))) is not None:
                 r.text, reason = r.text[:cut], "stop"
+        if reason is None and complete:
+            reason = "stop"
         if reason is None and length:
             reason = "length"
         end = len(r.text) if reason else safe_end(r.text, p.stop, r.sent)

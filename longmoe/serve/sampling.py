@@ -14,12 +14,29 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
+
+
+class TokenConstraint(Protocol):
+    """A per-request rule over which tokens may come next (e.g. a grammar, ``serve/structured.py``).
+
+    The sampler calls ``mask`` on the logits before any other processing, ``accept`` with each
+    chosen token, and the engine ends the request with ``"stop"`` once ``done`` is true."""
+
+    def mask(self, logits: torch.Tensor) -> None:
+        """Set the logits ``[V]`` of every token not allowed next to ``-inf``, in place."""
+
+    def accept(self, token: int) -> None: ...
+
+    @property
+    def done(self) -> bool: ...
 
 
 class SamplingError(ValueError):
@@ -47,6 +64,8 @@ class SamplingParams:
     logprobs: bool = False  # return the log-probability of every generated token
     top_logprobs: int = 0  # and of the k most likely alternatives at each step
     ignore_eos: bool = False  # keep going past the tokenizer's end-of-document token
+    # makes a fresh TokenConstraint for each request these parameters are used for (None: no constraint)
+    constraint: Callable[[], TokenConstraint] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -114,16 +133,26 @@ class SamplerState:
         if prompt_ids:
             self.seen[torch.tensor([i for i in prompt_ids if 0 <= i < vocab_size], dtype=torch.long)] = True
         self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)  # output only
+        self.constraint = params.constraint() if params.constraint is not None else None
 
     def observe(self, token: int) -> None:
         self.seen[token] = True
         self.counts[token] += 1.0
+        if self.constraint is not None:
+            self.constraint.accept(token)
+
+    @property
+    def constrained_done(self) -> bool:
+        """The request's constraint is complete: nothing more may be generated."""
+        return self.constraint is not None and self.constraint.done
 
 
 def process_logits(logits: torch.Tensor, st: SamplerState) -> torch.Tensor:
     """``logits [V]`` (fp32) -> penalised, temperature-scaled, top-k/top-p filtered logits ``[V]``."""
     p = st.params
     x = logits.float().clone()
+    if st.constraint is not None:
+        st.constraint.mask(x)
     if p.repetition_penalty != 1.0:
         r = p.repetition_penalty
         pen = torch.where(x > 0, x / r, x * r)
