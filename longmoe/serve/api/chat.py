@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from longmoe.serve.api.errors import APIError
-from longmoe.serve.api.generation import respond, sampling_params, submit, usage
+from longmoe.serve.api.generation import constraint, respond, sampling_params, submit, usage
 from longmoe.serve.api.intake import read_request
 from longmoe.serve.api.protocol import ChatRequest
 from longmoe.serve.api.state import server_state
@@ -34,7 +34,8 @@ async def create_chat_completion(request: Request) -> Response:
         raise APIError(400, str(e), e.param) from None
     if max_tokens is None:
         max_tokens = max(1, min(DEFAULT_CHAT_MAX_TOKENS, engine.max_context - len(ids)))
-    params = sampling_params(req, max_tokens, req.logprobs, req.top_logprobs or 0)
+    fmt = await constraint(request, req)
+    params = sampling_params(req, max_tokens, req.logprobs, req.top_logprobs or 0, fmt)
     h, q = await submit(request, ids, params, rename={"max_tokens": limit_field})
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",

@@ -20,12 +20,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from longmoe.serve.api.errors import APIError
-from longmoe.serve.api.generation import respond, sampling_params, submit, usage
+from longmoe.serve.api.generation import constraint, respond, sampling_params, submit, usage
 from longmoe.serve.api.intake import read_request
 from longmoe.serve.api.protocol import CompletionRequest
 from longmoe.serve.api.state import ServerState, server_state
 from longmoe.serve.request import Completion, EngineError
-from longmoe.serve.sampling import SamplingParams
+from longmoe.serve.sampling import SamplingParams, TokenConstraint
 from longmoe.serve.scoring import PromptScores, score_prompt
 
 _SCORING = threading.Lock()  # one prompt scored at a time (it runs beside the engine's own steps)
@@ -75,10 +75,12 @@ def _completion_logprobs(st: ServerState, c: Completion) -> dict | None:
     return _logprobs(st, c.token_ids, c.logprobs, c.top_logprobs)
 
 
-def _params(req: CompletionRequest, max_tokens: int) -> SamplingParams:
+def _params(
+    req: CompletionRequest, max_tokens: int, fmt: Callable[[], TokenConstraint] | None = None
+) -> SamplingParams:
     """The sampling parameters; the engine's ``top_logprobs`` is this API's ``logprobs`` in errors."""
     try:
-        return sampling_params(req, max_tokens, req.logprobs is not None, req.logprobs or 0)
+        return sampling_params(req, max_tokens, req.logprobs is not None, req.logprobs or 0, fmt)
     except APIError as e:
         if e.param != "top_logprobs":
             raise
@@ -104,10 +106,16 @@ def _scored(st: ServerState, ids: list[int], k: int) -> PromptScores:
         return score_prompt(st.engine.model, ids, top_k=k)
 
 
-async def _echo(request: Request, st: ServerState, req: CompletionRequest, head: dict) -> Response:
+async def _echo(
+    request: Request,
+    st: ServerState,
+    req: CompletionRequest,
+    head: dict,
+    fmt: Callable[[], TokenConstraint] | None,
+) -> Response:
     if req.stream:
         raise APIError(400, "echo: not supported together with stream", "echo", "unsupported")
-    params = _params(req, max(req.max_tokens, 1))  # validated as for generation, even with max_tokens 0
+    params = _params(req, max(req.max_tokens, 1), fmt)  # validated as for generation, even with max_tokens 0
     choices, n_prompt, n_out = [], 0, 0
     for index, prompt in enumerate(_prompts(req)):
         try:
@@ -143,16 +151,17 @@ async def create_completion(request: Request) -> Response:
     if req.max_tokens < (0 if req.echo else 1):
         lo = "0 with echo" if req.echo else "1 (0 only with echo: score the prompt without generating)"
         raise APIError(400, f"max_tokens: expected an integer >= {lo}, got {req.max_tokens}", "max_tokens")
+    fmt = await constraint(request, req)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time())}
     head["model"] = st.config.model_name
     if req.echo:
-        return await _echo(request, st, req, head)
+        return await _echo(request, st, req, head, fmt)
     prompts = _prompts(req)
     if len(prompts) != 1:
         raise APIError(
             400, "prompt: batched prompts are supported with echo only; send one per request", "prompt"
         )
-    h, q = await submit(request, prompts[0], _params(req, req.max_tokens))
+    h, q = await submit(request, prompts[0], _params(req, req.max_tokens, fmt))
 
     def chunk(delta: str, finish: str | None) -> dict:
         return {**head, "choices": [{"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}]}

@@ -23,13 +23,33 @@ from longmoe.serve.api.protocol import GenerationRequest
 from longmoe.serve.api.state import server_state
 from longmoe.serve.engine import RequestHandle
 from longmoe.serve.request import Completion, EngineError, Event
-from longmoe.serve.sampling import SamplingError, SamplingParams
+from longmoe.serve.sampling import SamplingError, SamplingParams, TokenConstraint
+from longmoe.serve.structured import StructuredOutputError
 
 ChunkFn = Callable[[str, str | None], dict]  # (text delta, finish reason) -> one SSE chunk
 FinalFn = Callable[[Completion], dict]  # the completion -> the whole response body
 
 
-def sampling_params(req: GenerationRequest, max_tokens: int, logprobs: bool, top: int) -> SamplingParams:
+async def constraint(request: Request, req: GenerationRequest) -> Callable[[], TokenConstraint] | None:
+    """The request's ``response_format`` as a token constraint (None for free text), its grammar
+    compiled in a worker thread (cached by schema hash); a bad schema is a 400 naming the field."""
+    fmt = req.response_format.json_format() if req.response_format is not None else None
+    if fmt is None:
+        return None
+    st = server_state(request)
+    try:
+        return await asyncio.to_thread(lambda: st.json_grammars().constraint(fmt))
+    except StructuredOutputError as e:
+        raise APIError(400, str(e), e.param, "invalid_value") from None
+
+
+def sampling_params(
+    req: GenerationRequest,
+    max_tokens: int,
+    logprobs: bool,
+    top: int,
+    constraint: Callable[[], TokenConstraint] | None = None,
+) -> SamplingParams:
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -45,6 +65,7 @@ def sampling_params(req: GenerationRequest, max_tokens: int, logprobs: bool, top
             logprobs=logprobs,
             top_logprobs=top,
             ignore_eos=req.ignore_eos,
+            constraint=constraint,
         )
     except SamplingError as e:
         raise APIError(400, str(e), e.param, "invalid_value") from None

@@ -5,7 +5,7 @@ sampling ranges are checked by ``SamplingParams`` so the engine and the server s
 rules, except where the API is narrower than the engine: ``temperature`` in [0, 2] and at most
 ``MAX_STOP_STRINGS`` stop strings of at most ``MAX_STOP_CHARS`` characters each, as OpenAI.
 longmoe extensions beyond the OpenAI fields: ``top_k``, ``repetition_penalty``, ``stop_token_ids``,
-``ignore_eos``.
+``ignore_eos``, and ``response_format`` on ``/v1/completions`` (OpenAI has it on chat only).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from longmoe.serve.api.errors import APIError, echo
+from longmoe.serve.structured import JsonFormat
 
 MAX_STOP_STRINGS = 4  # OpenAI: "up to 4 sequences"
 MAX_STOP_CHARS = 256
@@ -27,6 +28,35 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(_Strict):
+    """OpenAI's ``response_format.json_schema``: ``{"name", "schema", "strict", "description"}``."""
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """``{"type": "text" | "json_object"}`` or ``{"type": "json_schema", "json_schema": {...}}``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def json_format(self) -> JsonFormat | None:
+        """What the output must match (None: free text); 400 naming ``response_format`` when the
+        type and ``json_schema`` disagree."""
+        if self.type != "json_schema":
+            if self.json_schema is not None:
+                msg = f"response_format.json_schema: only allowed with type 'json_schema', not '{self.type}'"
+                raise APIError(400, msg, "response_format", "invalid_value")
+            return JsonFormat() if self.type == "json_object" else None
+        if self.json_schema is None:
+            msg = "response_format.json_schema: required when type is 'json_schema'"
+            raise APIError(400, msg, "response_format", "invalid_value")
+        return JsonFormat(self.json_schema.schema_ or {"type": "object"})
 
 
 class GenerationRequest(_Strict):
@@ -47,6 +77,7 @@ class GenerationRequest(_Strict):
     repetition_penalty: float = 1.0
     ignore_eos: bool = False
     user: str | None = None
+    response_format: ResponseFormat | None = None
 
     def stop_list(self) -> list[str]:
         """``stop`` as a list, within the API's caps (400 naming ``stop`` otherwise)."""

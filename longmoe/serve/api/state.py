@@ -3,6 +3,7 @@ counters and the per-client limiter."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -11,6 +12,7 @@ from starlette.requests import Request
 from longmoe.serve.api.middleware import HTTPMetrics
 from longmoe.serve.api.security import ClientLimiter
 from longmoe.serve.engine import Engine
+from longmoe.serve.structured import JsonGrammars
 
 DEFAULT_MAX_BODY = 1 << 20  # bytes
 DEFAULT_BODY_TIMEOUT_S = 30.0
@@ -50,6 +52,15 @@ class ServerState:
     limiter: ClientLimiter = field(default_factory=ClientLimiter)
     created: int = field(default_factory=lambda: int(time.time()))
     page: str = ""  # the web page's template
+    grammars: JsonGrammars | None = None  # response_format grammars (built on first use)
+    _grammars_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def json_grammars(self) -> JsonGrammars:
+        """The server's grammar compiler and cache, built on first use (a worker thread calls it)."""
+        with self._grammars_lock:
+            if self.grammars is None:
+                self.grammars = JsonGrammars(self.engine.tokenizer, self.engine.vocab_size)
+            return self.grammars
 
 
 def server_state(request: Request) -> ServerState:
