@@ -6,13 +6,18 @@ Also home of the options every serving command shares (engine knobs and sampling
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from longmoe.argtypes import device
 from longmoe.ops.quant import MODES as QUANT_MODES
 from longmoe.serve.engine import Engine, EngineError
-from longmoe.serve.sampling import SamplingError, SamplingParams
+from longmoe.serve.sampling import SamplingError, SamplingParams, TokenConstraint
+from longmoe.serve.structured import JsonFormat, JsonGrammars, StructuredOutputError
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
@@ -98,6 +103,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sampling_arguments(parser)
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-text token")
     parser.add_argument("--stats", action="store_true", help="print token counts and speed to stderr")
+    parser.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="constrain the output to JSON matching this JSON Schema file ('{}' file: any JSON object)",
+    )
+
+
+def json_constraint(engine: Engine, path: str) -> Callable[[], TokenConstraint]:
+    """The ``--json-schema FILE`` constraint; ``StructuredOutputError`` for a file that is not a schema."""
+    try:
+        schema = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StructuredOutputError(f"cannot read {path}: {e}", "--json-schema") from None
+    if not isinstance(schema, dict):
+        raise StructuredOutputError("the schema must be a JSON object", "--json-schema")
+    grammars = JsonGrammars(engine.tokenizer, engine.vocab_size)
+    try:
+        return grammars.constraint(JsonFormat(schema or None))
+    except StructuredOutputError as e:
+        raise StructuredOutputError(str(e).split(": ", 1)[1], "--json-schema") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,6 +134,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"longmoe generate: error: {e}", file=sys.stderr)
         return 2
     with engine:
+        if args.json_schema:
+            try:
+                params = dataclasses.replace(params, constraint=json_constraint(engine, args.json_schema))
+            except StructuredOutputError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
         t0 = time.perf_counter()
         try:
             h = engine.submit(prompt, params)

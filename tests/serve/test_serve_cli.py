@@ -5,6 +5,7 @@ flags), ``longmoe chat`` runs from stdin,
 from __future__ import annotations
 
 import io
+import json
 import os
 import socket
 import subprocess
@@ -50,6 +51,35 @@ def test_generate_bad_input(model_dir, tmp_path, capsys):
     assert "top_p" in capsys.readouterr().err
     assert main(["generate", "--model", str(tmp_path / "missing"), "x"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_generate_json_schema(model_dir, tmp_path, capsys):
+    schema = {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}, "ok": {"type": "boolean"}},
+              "required": ["n", "ok"], "additionalProperties": False}  # fmt: skip
+    f = tmp_path / "schema.json"
+    f.write_text(json.dumps(schema))
+    for seed in ("0", "1"):
+        args = [
+            "--json-schema",
+            str(f),
+            "--seed",
+            seed,
+            "--temperature",
+            "1",
+            "--max-tokens",
+            "64",
+            "--stats",
+        ]
+        assert main(["generate", "--model", str(model_dir), "x", *args]) == 0
+        out = capsys.readouterr()
+        doc = json.loads(out.out)
+        assert doc["n"] in (1, 2, 3) and isinstance(doc["ok"], bool) and set(doc) == {"n", "ok"}
+        assert "finish_reason=stop" in out.err
+    f.write_text('{"type": "frobnicate"}')
+    assert main(["generate", "--model", str(model_dir), "x", "--json-schema", str(f)]) == 2
+    assert "--json-schema: invalid JSON schema" in capsys.readouterr().err
+    assert main(["generate", "--model", str(model_dir), "x", "--json-schema", str(tmp_path / "nope")]) == 2
+    assert "--json-schema: cannot read" in capsys.readouterr().err
 
 
 def test_chat_repl_from_stdin(model_dir, engine, capsys, monkeypatch):
