@@ -196,3 +196,16 @@ def test_api_key_enforced(server):
         assert r.status_code == 401
         assert r.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(url + "/health").status_code == 200
+
+
+def test_info_route_behind_key(server):
+    engine, url = server
+    assert httpx.get(url + "/v1/info").status_code == 401
+    r = httpx.get(url + "/v1/info", headers=AUTH)
+    assert r.status_code == 200
+    s = r.json()
+    assert s["model"] == "tiny" and s["max_context"] == engine.max_context
+    assert s["parameters"] == sum(p.numel() for p in engine.model.parameters())
+    assert s["layers"] == engine.model.cfg.n_layers and s["cache_budget_bytes"] == engine.budget.budget
+    for k in ("running", "waiting", "cache_bytes_in_use", "cache_bytes_reserved", "tokens_per_second"):
+        assert isinstance(s[k], int | float)

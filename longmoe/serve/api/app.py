@@ -41,6 +41,7 @@ ROUTES = [  # (method, path, handler)
     ("GET", "/", web.index),
     ("GET", "/health", web.health),
     ("GET", "/metrics", metrics.prometheus),
+    ("GET", "/v1/info", web.info),
     ("GET", "/v1/models", models.list_models),
     ("GET", "/v1/models/{model_id:path}", models.retrieve_model),
     ("POST", "/v1/completions", completions.create_completion),
@@ -84,6 +85,7 @@ def create_app(
     )
     app = FastAPI(title="longmoe", docs_url=None, redoc_url=None, openapi_url=None)
     st = ServerState(engine, config, limiter=ClientLimiter(limit), page=web.PAGE.read_text())
+    st.model_parameters = sum(p.numel() for p in engine.model.parameters())
     app.state.server = st
     for method, path, handler in ROUTES:
         app.add_api_route(path, handler, methods=[method])

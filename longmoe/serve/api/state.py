@@ -52,6 +52,7 @@ class ServerState:
     limiter: ClientLimiter = field(default_factory=ClientLimiter)
     created: int = field(default_factory=lambda: int(time.time()))
     page: str = ""  # the web page's template
+    model_parameters: int = 0  # the model's parameter count (GET /v1/info)
     grammars: JsonGrammars | None = None  # response_format grammars (built on first use)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock)
 

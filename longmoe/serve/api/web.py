@@ -1,4 +1,5 @@
-"""``GET /`` (the web chat page) and ``GET /health``.
+"""``GET /`` (the web chat page), ``GET /health`` and ``GET /v1/info`` (what the page shows about the
+model and the engine's memory; behind the API key when one is set).
 
 The page is a template filled per request: the model name html-escaped into the HTML and
 json-encoded (with ``<``, ``>``, ``&`` escaped) into the script, so no name can end the ``<script>``
@@ -14,6 +15,7 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
+from longmoe.serve.api.security import check_key
 from longmoe.serve.api.state import server_state
 
 PAGE = Path(__file__).resolve().parent / "static" / "index.html"
@@ -48,4 +50,28 @@ async def health(request: Request) -> Response:
     st = server_state(request)
     s = st.engine.stats()
     body = {"status": "ok", "model": st.config.model_name, "running": s["running"], "waiting": s["waiting"]}
+    return JSONResponse(body)
+
+
+async def info(request: Request) -> Response:
+    """The model's shape and the engine's load and cache memory (the page's status line)."""
+    st = server_state(request)
+    check_key(request, st.config.api_key)
+    e = st.engine
+    mc = e.model.cfg
+    s = e.stats()
+    keys = ("running", "waiting", "tokens_per_second", "cache_bytes_in_use", "cache_bytes_reserved")
+    body = {
+        "model": st.config.model_name,
+        "max_context": e.max_context,
+        "parameters": st.model_parameters,
+        "layers": mc.n_layers,
+        "layer_pattern": mc.layer_pattern,
+        "d_model": mc.d_model,
+        "vocab_size": mc.vocab_size,
+        "device": str(e.device),
+        "max_batch": e.cfg.max_batch,
+        "cache_budget_bytes": s["cache_budget_bytes"],
+        **{k: s[k] for k in keys},
+    }
     return JSONResponse(body)

@@ -1,0 +1,171 @@
+"""The web chat page in a real browser (Playwright driving Debian's chromium, never a downloaded one):
+type a message and watch it stream, stop it (the engine records the cancellation), send a second
+turn, see an error rendered; the input stays in view, the log follows the text, code blocks render
+as text. ``LONGMOE_SCREENSHOT=path.png`` also saves a screenshot of the page at the end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from longmoe.serve.api import create_app, serve_in_thread
+from longmoe.serve.engine import Engine
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')"
+)
+
+KEY = "page-key"
+STEP_DELAY_S = 0.02  # slows each forward so a stream lasts long enough to watch and stop
+
+
+def chromium_path() -> str | None:
+    for name in ("chromium", "chromium-browser"):
+        if p := shutil.which(name):
+            return p
+    return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    engine = Engine.from_dir(model_dir, prefill_chunk=64)
+    tok = engine.tokenizer
+    stops = [tok.eos_id, tok.end_id]
+
+    def slow_and_endless(module, args, out):  # never ends on its own: only max_tokens or stop end it
+        time.sleep(STEP_DELAY_S)
+        out.logits[..., stops] = -torch.inf
+        return out
+
+    engine.model.register_forward_hook(slow_and_endless)
+    app = create_app(engine, model_name="tiny <b>&", api_key=KEY)
+    srv, th, port = serve_in_thread(app)
+    yield engine, f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    th.join(timeout=10)
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def page():
+    exe = chromium_path()
+    if exe is None:
+        pytest.skip("no chromium on PATH or at /usr/bin/chromium (apt-get install chromium; .ci/run does)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
+        pg = browser.new_page(viewport={"width": 900, "height": 640})
+        errors: list[str] = []
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        # a refused script or style (CSP) is a console error; the 401/400 the test provokes are not
+        pg.on(
+            "console",
+            lambda m: (
+                errors.append(m.text)
+                if m.type == "error" and not m.text.startswith("Failed to load resource")
+                else None
+            ),
+        )
+        pg.errors = errors
+        yield pg
+        browser.close()
+
+
+def wait_until(cond, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def until(page, js: str, timeout: float = 60.0) -> None:
+    """Poll a JavaScript function in the page (``wait_for_function`` would eval a string, which the
+    page's CSP rightly forbids)."""
+    wait_until(lambda: page.evaluate(js), timeout)
+
+
+LOG = "const l = document.getElementById('log');"
+LOG_OVERFLOWS = f"() => {{ {LOG} return l.scrollHeight > l.clientHeight + 50; }}"
+AT_BOTTOM = f"() => {{ {LOG} return l.scrollHeight - l.scrollTop - l.clientHeight < 80; }}"
+REPLY_LONGER_THAN_40 = "() => (document.querySelector('.assistant')?.textContent.length || 0) > 40"
+PROBE = """() => {
+  const d = document.createElement('div'); d.id = 'probe'; document.getElementById('log').appendChild(d);
+  render(d, 'see <b>x</b> `y<i>`:\\n```python\\ndef f():\\n' +
+            '    return "<script>alert(1)</script>"\\n```\\nok');
+}"""
+
+
+def test_chat_session(server, page):
+    engine, url = server
+    page.goto(url)
+    assert "tiny <b>&" in page.inner_text("h2")  # the model name as text, not markup
+    assert page.locator("h2 b").count() == 0
+    assert "model and cache status need the API key" in page.inner_text("#info")
+    page.fill("#key", KEY)
+    page.dispatch_event("#key", "change")
+    until(page, "() => document.getElementById('info').textContent.includes('parameters')")
+    assert "cache" in page.inner_text("#info") and "context 1024" in page.inner_text("#info")
+
+    # 1. type a message, see it stream with send disabled and stop enabled
+    page.fill("#maxtok", "900")
+    page.fill("#msg", "hello there")
+    page.press("#msg", "Enter")
+    reply = page.locator(".assistant").nth(0)
+    until(page, REPLY_LONGER_THAN_40)
+    assert page.is_disabled("#send") and page.is_enabled("#stop")
+    n1 = len(reply.text_content())
+    page.wait_for_timeout(400)
+    assert len(reply.text_content()) > n1  # still streaming
+    assert page.locator(".user").nth(0).text_content() == "hello there"
+
+    # the log follows the text and the input stays in view
+    until(page, LOG_OVERFLOWS)
+    assert page.evaluate(AT_BOTTOM)
+    box = page.locator("#msg").bounding_box()
+    assert box is not None and box["y"] >= 0 and box["y"] + box["height"] <= 640
+
+    # 2. stop it: the fetch is aborted, the server cancels the request in the engine
+    before = engine.stats()["finished_cancelled"]
+    page.click("#stop")
+    until(page, "() => document.querySelector('.assistant .note') !== null")
+    assert "[stopped]" in reply.text_content()
+    assert page.is_enabled("#send") and page.is_disabled("#stop")
+    wait_until(lambda: engine.stats()["finished_cancelled"] == before + 1 and engine.stats()["running"] == 0)
+    assert engine.stats()["cache_bytes_reserved"] == 0
+
+    # 3. a second turn (the stopped reply stays in the history), streamed to its end
+    page.fill("#maxtok", "12")
+    page.fill("#msg", "and again")
+    page.click("#send")
+    until(page, "() => document.querySelectorAll('.assistant').length === 2")
+    until(page, "() => !document.getElementById('send').disabled")
+    second = page.locator(".assistant").nth(1)
+    assert "[cut at max tokens]" in second.text_content()
+    assert page.locator(".user").count() == 2
+    assert page.evaluate(AT_BOTTOM)
+
+    # 4. an error from the server is rendered, and the page still works after it
+    page.fill("#maxtok", "0")
+    page.fill("#msg", "bad request")
+    page.click("#send")
+    page.wait_for_selector(".err")
+    err = page.inner_text(".err")
+    assert "error 400" in err and "max_tokens" in err
+    assert page.is_enabled("#send")
+    assert engine.stats()["running"] == 0
+
+    # code blocks render as text in <pre>, nothing the model writes becomes markup
+    page.evaluate(PROBE)
+    assert page.inner_text("#probe pre.code code") == 'def f():\n    return "<script>alert(1)</script>"'
+    assert page.inner_text("#probe pre.code .lang") == "python"
+    assert page.inner_text("#probe code.inline") == "y<i>"
+    assert page.locator("#probe b, #probe i, #probe script").count() == 0
+    page.evaluate("() => document.getElementById('probe').remove()")
+    assert not page.errors, page.errors  # no script errors (a CSP violation would be one)
+
+    if shot := os.environ.get("LONGMOE_SCREENSHOT"):
+        page.screenshot(path=shot)
