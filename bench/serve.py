@@ -15,7 +15,8 @@ engine decode ms/token at batch 1, eager and with ``--compile`` (torch.compile; 
 prefill tokens/s of an 8K prompt by engine chunk size; generated tokens/s with 1, 8 and 32
 concurrent requests (continuous batching); prefix reuse (time to first token after a 4K-token shared
 prefix) and speculative decoding (tokens/s and acceptance rate by ``k``), each against the same engine
-without it (``bench/serve_fast.py``). Engines run without prefix reuse unless a row says otherwise.
+without it (``bench/serve_fast.py``); sampled decode with a JSON-schema grammar vs without
+(``bench/structured.py``). Engines run without prefix reuse unless a row says otherwise.
 
     python -m bench.serve            # full sizes (several minutes on 2 shared cores)
     python -m bench.serve --quick    # contexts 512/2048, small prompts (about a minute)
@@ -33,6 +34,7 @@ import torch
 
 from bench.common import markdown_table, write_results
 from bench.serve_fast import prefix_rows, spec_rows
+from bench.structured import structured_rows
 from longmoe.config import ModelConfig, preset
 from longmoe.model import LongMoE
 from longmoe.serve.engine import Engine, EngineConfig
@@ -274,6 +276,9 @@ def main() -> int:
             results["throughput"].append({"concurrent": n, "tok_s": tps})
             rows.append([f"throughput tok/s, {n} concurrent x {conc_tokens} tokens", tps, "", ""])
             print(rows[-1], flush=True)
+        results["structured"], more = structured_rows(hybrid, rand_ids(32, cfg.vocab_size, 7), 2 * n_dec)
+        rows += more
+        print(*more, sep="\n", flush=True)
         hybrid.close()
 
         def engine(**kw) -> Engine:

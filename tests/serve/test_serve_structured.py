@@ -11,6 +11,8 @@ import pytest
 import torch
 from serveutil import VOCAB, tiny_model
 
+from bench.structured import structured_rows
+
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
@@ -199,3 +201,8 @@ def test_compiled_grammars_are_cached(grammars):
 def test_bad_schema_names_response_format(grammars, schema):
     with pytest.raises(StructuredOutputError, match="^response_format"):
         grammars.compile(JsonFormat(schema))
+
+
+def test_bench_rows(engine):
+    res, rows = structured_rows(engine, [1, 40, 41], n=4, rounds=1)
+    assert res["unconstrained_ms"] > 0 and res["json_schema_ms"] > 0 and len(rows) == 4
