@@ -12,7 +12,6 @@ import torch
 from serveutil import VOCAB, tiny_model
 
 from bench.structured import structured_rows
-
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
