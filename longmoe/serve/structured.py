@@ -121,12 +121,11 @@ class JsonGrammars:
         """The compiled grammar of ``fmt`` (cached by schema hash); bad schemas raise
         ``StructuredOutputError``. CPU work: call it off the event loop."""
         key = fmt.key()
-        with self._lock:
+        with self._lock:  # compiles are milliseconds: one at a time keeps the compiler single-threaded
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        g = self._compile_schema({"type": "object"} if fmt.schema is None else fmt.schema)
-        with self._lock:
+            g = self._compile_schema({"type": "object"} if fmt.schema is None else fmt.schema)
             self._cache[key] = g
             self.compiled += 1
             while len(self._cache) > MAX_CACHED_GRAMMARS:
