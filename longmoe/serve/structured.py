@@ -90,7 +90,16 @@ class GrammarConstraint:
 
     def mask(self, logits: torch.Tensor) -> None:
         self.matcher.fill_next_token_bitmask(self.bitmask)
-        xgr.apply_token_bitmask_inplace(logits.view(1, -1), self.bitmask, vocab_size=self.vocab_size)
+        if logits.device.type == "cpu":
+            xgr.apply_token_bitmask_inplace(logits.view(1, -1), self.bitmask, vocab_size=self.vocab_size)
+        else:  # any other device: unpack the bits with torch there (no xgrammar kernel needed)
+            logits.masked_fill_(~self.allowed(logits.device), float("-inf"))
+
+    def allowed(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The bitmask last filled, as booleans ``[V]`` on ``device`` (bit ``i % 32`` of word ``i // 32``)."""
+        words = self.bitmask[0].to(device)
+        bits = (words.unsqueeze(-1) >> torch.arange(32, device=device, dtype=words.dtype)) & 1
+        return bits.flatten()[: self.vocab_size].bool()
 
     def accept(self, token: int) -> None:
         if not self.matcher.accept_token(token):

@@ -205,3 +205,14 @@ def test_bad_schema_names_response_format(grammars, schema):
 def test_bench_rows(engine):
     res, rows = structured_rows(engine, [1, 40, 41], n=4, rounds=1)
     assert res["unconstrained_ms"] > 0 and res["json_schema_ms"] > 0 and len(rows) == 4
+
+
+def test_torch_unpacked_mask_matches_xgrammar(engine, grammars):
+    """Other devices unpack the bits with torch: the same mask as xgrammar's CPU kernel."""
+    g = grammars.constraint(JsonFormat(ITEMS))()
+    for i in engine.tokenizer.encode('{"items": [{"sku": "a'):
+        g.accept(i)
+    x = torch.zeros(engine.vocab_size)
+    g.mask(x)
+    allowed = g.allowed()
+    assert torch.equal(allowed, x == 0) and 0 < int(allowed.sum()) < engine.vocab_size
