@@ -7,10 +7,8 @@ tool calls/results and image spans; their ids are fixed (0..N-1) so a config can
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from longmoe.data.chat import render_messages
 from longmoe.data.corpus import stdlib_documents
 from longmoe.errors import UserError
 
@@ -51,12 +50,6 @@ _ATTR = {  # attribute name -> token
     "image_start_id": "<|image|>",
     "image_end_id": "<|/image|>",
     "image_patch_id": "<|image_patch|>",
-}
-ROLE_TOKENS = {
-    "system": "<|system|>",
-    "user": "<|user|>",
-    "assistant": "<|assistant|>",
-    "tool": "<|tool_result|>",
 }
 MIN_VOCAB = len(SPECIAL_TOKENS) + 256  # specials + the 256 byte symbols
 
@@ -161,36 +154,11 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ chat
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """Render OpenAI-style messages into the model's chat format.
+        """Render OpenAI-style messages into the model's chat format (``longmoe.data.chat``).
 
-        ``<|role|>\\ncontent<|end|>\\n`` per message; assistant tool calls are rendered as
-        ``<|tool_call|>{json}<|end|>``; ``role="tool"`` messages go in ``<|tool_result|>``.
         With ``add_generation_prompt`` the string ends with ``<|assistant|>\\n`` ready to generate.
         """
-        out = []
-        for i, m in enumerate(messages):
-            role = m.get("role")
-            if role not in ROLE_TOKENS:
-                raise ValueError(
-                    f"messages[{i}].role={role!r} is invalid: expected one of {sorted(ROLE_TOKENS)}"
-                )
-            content = m.get("content") or ""
-            if isinstance(content, list):  # OpenAI content parts: keep the text ones, mark images
-                content = "".join(
-                    p.get("text", "") if p.get("type") == "text" else "<|image|><|/image|>" for p in content
-                )
-            s = f"{ROLE_TOKENS[role]}\n{content}"
-            for call in m.get("tool_calls") or []:
-                fn = call.get("function", call)
-                args = fn.get("arguments", {})
-                if isinstance(args, str):
-                    with contextlib.suppress(json.JSONDecodeError):
-                        args = json.loads(args)
-                s += "<|tool_call|>" + json.dumps({"name": fn.get("name"), "arguments": args}) + "<|end|>"
-            out.append(s + "<|end|>\n")
-        if add_generation_prompt:
-            out.append("<|assistant|>\n")
-        return "".join(out)
+        return render_messages(messages, add_generation_prompt)
 
 
 @functools.lru_cache(maxsize=4)

@@ -75,7 +75,7 @@ def test_chat_template() -> None:
     s = tok.apply_chat_template(msgs)
     assert s == (
         "<|system|>\nbe brief<|end|>\n<|user|>\n2+2?<|end|>\n<|assistant|>\n"
-        '<|tool_call|>{"name": "calc", "arguments": {"x": "2+2"}}<|end|><|end|>\n'
+        '<|tool_call|>{"name": "calc", "arguments": {"x": "2+2"}}<|end|>\n'
         "<|tool_result|>\n4<|end|>\n<|assistant|>\n"
     )
     ids = tok.encode(s)

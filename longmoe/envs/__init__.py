@@ -1,0 +1,1 @@
+"""Seeded tool-using environments for agentic SFT, RL and agent evaluation (see ``envs.base``)."""

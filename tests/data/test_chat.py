@@ -1,0 +1,101 @@
+"""The chat + tool-call format: rendering, the SFT loss mask, and parsing what a model wrote."""
+
+from __future__ import annotations
+
+import pytest
+
+from longmoe.data.chat import ToolCall, encode_chat, parse_assistant, render_messages
+from longmoe.data.tokenizer import tokenizer_for_tests
+
+MESSAGES = [
+    {"role": "system", "content": "You can search."},
+    {"role": "user", "content": "Who wrote doc 7?"},
+    {
+        "role": "assistant",
+        "content": "Let me look.",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "open", "arguments": '{"doc": 7}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "Doc 7 was written by Ada."},
+    {"role": "assistant", "content": "Ada."},
+]
+
+
+def test_render_format() -> None:
+    """Calls are JSON inside <|tool_call|> and close with the turn's single <|end|>."""
+    s = render_messages(MESSAGES, add_generation_prompt=False)
+    assert s == (
+        "<|system|>\nYou can search.<|end|>\n<|user|>\nWho wrote doc 7?<|end|>\n"
+        '<|assistant|>\nLet me look.<|tool_call|>{"name": "open", "arguments": {"doc": 7}}<|end|>\n'
+        "<|tool_result|>\nDoc 7 was written by Ada.<|end|>\n<|assistant|>\nAda.<|end|>\n"
+    )
+
+
+def test_mask_marks_exactly_the_assistant_bodies() -> None:
+    """encode_chat's ids equal encoding the whole text; the mask covers assistant bodies + <|end|>."""
+    tok = tokenizer_for_tests()
+    ct = encode_chat(tok, MESSAGES)
+    assert ct.ids == tok.encode(render_messages(MESSAGES, add_generation_prompt=False))
+    trained = [i for i, m in zip(ct.ids, ct.assistant_mask, strict=True) if m]
+    expect = tok.encode('Let me look.<|tool_call|>{"name": "open", "arguments": {"doc": 7}}<|end|>')
+    expect += tok.encode("Ada.<|end|>")
+    assert trained == expect
+    assert (
+        tok.user_id not in trained and tok.assistant_id not in trained and tok.tool_result_id not in trained
+    )
+    gen = encode_chat(tok, MESSAGES[:2], add_generation_prompt=True, bos=True)
+    assert gen.ids[0] == tok.bos_id and gen.ids[-2] == tok.assistant_id and not any(gen.assistant_mask)
+
+
+def test_parse_round_trip() -> None:
+    """What the template writes for an assistant turn parses back to the same content and calls."""
+    call = ToolCall("search", {"query": "Ada", "k": 3})
+    text = "thinking<|tool_call|>" + call.to_json() + "<|tool_call|>" + ToolCall("open", {"doc": 1}).to_json()
+    turn = parse_assistant(text + "<|end|>ignored")
+    assert turn.malformed is None and turn.content == "thinking"
+    assert turn.tool_calls == (call, ToolCall("open", {"doc": 1}))
+    assert not turn.is_final
+    assert parse_assistant("42<|end|>").is_final
+    entry = call.to_openai("call_0")
+    assert (
+        entry["function"]["name"] == "search" and entry["function"]["arguments"] == '{"query": "Ada", "k": 3}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("<|tool_call|>{not json", "invalid JSON"),
+        ('<|tool_call|>["search"]', "string 'name'"),
+        ('<|tool_call|>{"name": "", "arguments": {}}', "string 'name'"),
+        ('<|tool_call|>{"name": "f", "arguments": "x"}', "must be a JSON object"),
+        ('<|tool_call|>{"name": "f", "arguments": {}, "extra": 1}', "unexpected keys"),
+    ],
+)
+def test_parse_malformed(text: str, why: str) -> None:
+    """A call that does not parse makes the turn malformed, never final, with the reason."""
+    turn = parse_assistant(text)
+    assert turn.malformed is not None and why in turn.malformed and not turn.is_final
+
+
+@pytest.mark.parametrize(
+    ("messages", "field"),
+    [
+        ([{"role": "robot", "content": "x"}], "messages[0].role"),
+        ([{"role": "user", "content": 3}], "messages[0].content"),
+        (
+            [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}],
+            "messages[0].tool_calls",
+        ),
+        ([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}], "function.name"),
+        (
+            [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}],
+            "arguments",
+        ),
+        ("hello", "messages must be a list"),
+    ],
+)
+def test_bad_messages_name_the_field(messages, field: str) -> None:
+    with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        render_messages(messages)
