@@ -14,9 +14,10 @@ mode ``"reduce-overhead"``). What makes that possible without graph breaks or a 
   ``torch._dynamo``'s counters).
 
 Decode (``T == 1``) and prefill (``T > 1``) are separate compiled functions (separate caches of
-compiled code): decode is captured whole (``fullgraph=True``; a quantized model's experts break it
-once per MoE layer, see longmoe/quantize.py); prefill is compiled with dynamic shapes
-and breaks its graph around the data-dependent MoE dispatch (its tier layout depends on the routing).
+compiled code; on CUDA prefill stays eager, see ``CompiledSteps``): decode is captured whole
+(``fullgraph=True``; a quantized model's experts break it once per MoE layer, see
+longmoe/quantize.py); prefill is compiled with dynamic shapes and breaks its graph around the
+data-dependent MoE dispatch (its tier layout depends on the routing).
 Compilation happens at the first call of each shape class (``warmup`` does it ahead of requests).
 """
 
@@ -49,7 +50,11 @@ class CompiledSteps:
         # quantized experts loop over the active experts on the host: a graph break per MoE layer
         whole = not getattr(model, "quantization", None)
         self._decode = torch.compile(_decode_logits, backend=backend, mode=mode, fullgraph=whole)
-        self._prefill = torch.compile(_prefill_logits, backend=backend, dynamic=True)
+        # On CUDA a prefill chunk is already a few large kernels, and compiling its dynamic-shape graph
+        # takes minutes: only decode is compiled there (and captured in CUDA graphs).
+        self._prefill = (
+            _prefill_logits if cuda else torch.compile(_prefill_logits, backend=backend, dynamic=True)
+        )
         self.compile_seconds = 0.0  # wall time of calls that compiled (first call of a shape class)
         self._seen: set[tuple[str, int, int]] = set()
 
