@@ -22,10 +22,30 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from longmoe.data.chat import AssistantTurn
+from longmoe.errors import UserError
 
 HELD_OUT_SEED_BASE = 1_000_000_000  # training seeds stay below, evaluation seeds start here
 
 Message = dict[str, Any]  # an OpenAI-style chat message
+
+
+class EnvConfigError(UserError, ValueError):
+    """An environment request that cannot be built (unknown name, a config field out of range)."""
+
+
+def describe_tools(tools: list[dict[str, Any]]) -> str:
+    """The tools as the opening system message lists them: one ``name(arg: type, ...)`` line each.
+
+    The environments put this in their system message, so a trajectory is self-contained (SFT, RL
+    and local evaluation render the same text); ``tools`` also goes to OpenAI-compatible endpoints.
+    """
+    lines = ['Tools (call one with a JSON object {"name": ..., "arguments": {...}}):']
+    for t in tools:
+        fn = t["function"]
+        props = fn["parameters"]["properties"]
+        args = ", ".join(f"{k}: {v['type']}" for k, v in props.items())
+        lines.append(f"- {fn['name']}({args}): {fn['description']}")
+    return "\n".join(lines)
 
 
 @dataclass
@@ -62,5 +82,6 @@ class Env(Protocol):
 
     @property
     def horizon(self) -> int:
-        """The number of tool calls the current task needs at least."""
+        """The task's number of required steps (document hops, calculations): what success is
+        reported against. Each step needs at least one tool call (a document hop needs two)."""
         ...
