@@ -80,6 +80,8 @@ class MoELayer(nn.Module):
         # static shapes (torch.compile'd decode): few pairs go through gather_experts, which has no
         # data-dependent shapes; the sorted dispatch's layout depends on the routing
         self.static_shapes = False
+        # fine-tuning guard (train/drift.freeze_routing): update_balance keeps the selection bias
+        self.freeze_bias = False
         self.reset_parameters(init_std)
 
     def reset_parameters(self, std: float = 0.02) -> None:
@@ -183,7 +185,7 @@ class MoELayer(nn.Module):
         self.window_pos.fill_((pos + 1) % cfg.balance_window)
         self.balance_steps += 1
         load = self.load
-        if float(load.sum()) > 0:
+        if float(load.sum()) > 0 and not self.freeze_bias:
             if cfg.balancer == "quantile":
                 self.bias.copy_(balance.quantile_update(self.bias, load, cfg.bias_step, cfg.balance_quantile))
             elif cfg.balancer == "sign":

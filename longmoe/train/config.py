@@ -45,6 +45,8 @@ class TrainConfig(JsonConfig):
     ep: int = 1
     cp: int = 1
     activation_checkpointing: bool = False
+    # fine-tuning guard against routing drift: MoE routers get no updates, the balancing bias stays
+    freeze_router: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stages, list):

@@ -48,6 +48,7 @@ from longmoe.inspect import training_memory
 from longmoe.model import WEIGHTS_FILE, LongMoE, ModelOutput
 from longmoe.runtime import available_memory_bytes
 from longmoe.train.config import TrainConfig
+from longmoe.train.drift import freeze_routing
 from longmoe.train.plots import read_metrics_lines
 from longmoe.train.sharding import (
     ParallelRun,
@@ -203,6 +204,8 @@ class Trainer:
 
         seed_everything(train_cfg.seed)
         self.model = LongMoE(model_cfg).to(self.par.device)
+        if train_cfg.freeze_router:  # before the optimizer: frozen routers are not in its groups
+            freeze_routing(self.model)
         if self.par.enabled:
             parallelize(self.model, self.par.dims, self.par.mesh, train_cfg.activation_checkpointing)
         self.opt = torch.optim.AdamW(
@@ -211,7 +214,7 @@ class Trainer:
             betas=(train_cfg.beta1, train_cfg.beta2),
             eps=train_cfg.eps,
         )
-        self.curriculum = Curriculum(train_cfg.stages, tokenizer, train_cfg.seed, train_cfg.data)
+        self.curriculum = self.make_data()
         self.total_steps = train_cfg.total_steps
         self.step, self.tokens = 0, 0
         self.skipped_steps, self.bad_streak = 0, 0  # steps whose gradients were not finite
@@ -221,6 +224,10 @@ class Trainer:
             self._restore(*restored)
         else:
             self._truncate_metrics(0)
+
+    def make_data(self) -> Curriculum:
+        """The batch stream (SFT overrides it: demonstrations plus replay, same stage bookkeeping)."""
+        return Curriculum(self.tcfg.stages, self.tok, self.tcfg.seed, self.tcfg.data)
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
