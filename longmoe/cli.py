@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "version": ("longmoe.cli", "print the longmoe version"),
     "inspect": ("longmoe.inspect", "parameter, sparsity and cache-memory accounting for a config"),
     "train": ("longmoe.train.cli", "pretrain a model through a context curriculum"),
+    "sft": ("longmoe.train.sft_cli", "fine-tune a pretrained run on expert tool-use demonstrations"),
     "plot": ("longmoe.train.plots", "render loss/balance plots for a training run directory"),
     "demo": (
         "longmoe.pipelines.demo.cli",

@@ -1,5 +1,6 @@
-"""Training plots from ``metrics.jsonl``: ``loss.png`` (train/val loss over tokens, stage boundaries)
-and ``balance.png`` (MaxVio per MoE layer over steps, dead experts, the last load histogram).
+"""Training plots from ``metrics.jsonl``: ``loss.png`` (train/val loss over tokens, stage boundaries),
+``balance.png`` (MaxVio per MoE layer over steps, dead experts, the last load histogram) and, for
+fine-tuning runs, ``drift.png`` (routing drift from the starting model per MoE layer).
 
 Also the ``longmoe plot RUN_DIR`` command, so a running or finished run can be looked at any time.
 """
@@ -103,13 +104,40 @@ def plot_balance(recs: list[dict[str, Any]], out: Path) -> Path | None:
     return out
 
 
+def plot_drift(recs: list[dict[str, Any]], out: Path) -> Path | None:
+    """Routing drift from the starting model (SFT/RL runs): changed top-k share and load TV per layer."""
+    tr = [r for r in recs if "drift_changed" in r]
+    if not tr:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [r["step"] for r in tr]
+    for ax, key, label in (
+        (axes[0], "drift_changed", "share of top-k choices changed"),
+        (axes[1], "drift_load_tv", "load histogram change (total variation)"),
+    ):
+        for layer in range(len(tr[0][key])):
+            ax.plot(steps, [r[key][layer] for r in tr], "o-", ms=3, lw=0.9, label=f"MoE layer {layer}")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("routing drift from the starting model", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def render(run_dir: str | Path) -> list[Path]:
-    """Write ``loss.png`` and (for MoE models) ``balance.png`` into the run directory."""
+    """Write ``loss.png``, (for MoE models) ``balance.png`` and (for fine-tuning runs that log routing
+    drift) ``drift.png`` into the run directory."""
     run_dir = Path(run_dir)
     recs = read_metrics(run_dir)
     out = [plot_loss(recs, run_dir / "loss.png")]
-    b = plot_balance(recs, run_dir / "balance.png")
-    return out + ([b] if b else [])
+    extra = [plot_balance(recs, run_dir / "balance.png"), plot_drift(recs, run_dir / "drift.png")]
+    return out + [p for p in extra if p]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

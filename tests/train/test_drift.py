@@ -86,7 +86,8 @@ def test_choices_match_the_layers_own_routing() -> None:
             m.step_counts.zero_()
         model(_batch(cfg)["input_ids"])
     for m, c in zip(model.moe_layers(), choices):
-        assert m.step_counts.tolist() == torch.bincount(c.reshape(-1), minlength=cfg.ffn.n_experts).float().tolist()
+        counts = torch.bincount(c.reshape(-1), minlength=cfg.ffn.n_experts).float()
+        assert m.step_counts.tolist() == counts.tolist()
 
 
 def test_freeze_routing_leaves_router_and_bias_out_of_training() -> None:
