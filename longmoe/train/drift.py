@@ -49,8 +49,10 @@ def routing_choices(model: LongMoE, batch: dict[str, torch.Tensor]) -> list[torc
     ]
     was_training = model.training
     model.eval()
+    dev = next(model.parameters()).device
+    cu = batch.get("cu_seqlens")
     try:
-        model(batch["input_ids"], cu_seqlens=batch.get("cu_seqlens"))
+        model(batch["input_ids"].to(dev), cu_seqlens=None if cu is None else cu.to(dev))
     finally:
         for h in hooks:
             h.remove()

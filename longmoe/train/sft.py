@@ -197,18 +197,18 @@ class SFTTrainer(Trainer):
         if sft_cfg is None:
             raise UserError(f"{run_dir}: a new SFT run needs an SFT config (init_from, environments)")
         self.sft = sft_cfg
-        self.init_dir = ckpt.resolve_model_dir(sft_cfg.init_from)
         model_cfg = tok = None
         if not existing:
-            model_cfg = ModelConfig.load(self.init_dir / ckpt.CONFIG_FILE)
-            tok = Tokenizer.from_file(self.init_dir / ckpt.TOKENIZER_FILE)
+            init_dir = ckpt.resolve_model_dir(sft_cfg.init_from)
+            model_cfg = ModelConfig.load(init_dir / ckpt.CONFIG_FILE)
+            tok = Tokenizer.from_file(init_dir / ckpt.TOKENIZER_FILE)
         super().__init__(run_dir, model_cfg, train_cfg, tok, resume, progress, max_steps, device)
         if self.par.enabled:
             raise UserError("longmoe sft runs in one process (launch it without torchrun)")
         if not existing and is_rank0():
             sft_cfg.save(run_dir / SFT_CONFIG)
-        if self.step == 0:  # a new run (or one resumed before its first checkpoint)
-            ckpt.load_weights(self.model, self.init_dir)
+        if self.step == 0:  # a new run (or one resumed before its first checkpoint): the start weights
+            ckpt.load_weights(self.model, ckpt.resolve_model_dir(sft_cfg.init_from))
         self.probe = self.curriculum.probe() if sft_cfg.drift_every else []
         self.reference = self._reference_choices() if sft_cfg.drift_every else []
 
