@@ -9,8 +9,9 @@ pieces and join them again (prefix reuse), ``mark`` / ``rewind`` return rows to 
 
 - ``KDAState``: the fixed-size recurrent state ``[B, H, K, V]`` (fp32) plus the last ``conv_size - 1``
   conv inputs; the same size at 10 tokens or 1M (``StateSpec.fixed``);
-- ``MLAState``: the latent ``c`` of every past token ``[B, T_cached, d_c]`` (model dtype), growing by
-  ``d_c`` numbers per token (``StateSpec.per_token``).
+- ``MLAState``: the cache row of every past token ``[B, T_cached, d_c + d_r]`` (model dtype): the latent
+  ``c``, then the shared key part ``k_r`` when the layer has one (``mla_shared_key_dim = d_r``), growing
+  by ``d_c + d_r`` numbers per token (``StateSpec.per_token``).
 
 Rows are independent sequences of possibly different lengths (``seq_lens``): MLA rows are
 left-aligned and zero-padded, and the per-row length masks the padding, so the serving engine can
@@ -163,7 +164,11 @@ class KDAState(LayerState):
 
 @dataclass
 class MLAState(LayerState):
-    """One MLA layer: latent buffer ``[B, capacity, d_c]``; row ``b`` is valid up to ``seq_lens[b]``."""
+    """One MLA layer: buffer ``[B, capacity, d_c + d_r]`` of cache rows ``[c | k_r]`` (latent, then the
+    shared key part; ``d_r = 0`` without one); row ``b`` is valid up to ``seq_lens[b]``.
+
+    Both parts live in one buffer, so selection, concatenation, segments, truncation and the byte count
+    (``spec``: the whole row width) treat them alike."""
 
     buf: torch.Tensor
 
@@ -208,7 +213,7 @@ class MLAState(LayerState):
         return StateSpec(per_token=self.buf.shape[2] * self.buf.element_size())
 
     def truncate(self, seq_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
-        """Zero the latents past each row's new length (padding stays zero, as ``cat`` writes it)."""
+        """Zero the cache rows past each row's new length (padding stays zero, as ``cat`` writes it)."""
         j = torch.arange(self.buf.shape[1], device=self.buf.device)
         self.buf.masked_fill_((j[None, :] >= new_lens.to(self.buf.device)[:, None])[:, :, None], 0)
 

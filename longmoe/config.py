@@ -273,7 +273,9 @@ class ModelConfig(JsonConfig):
     mla_heads: int = 4
     mla_q_lora_rank: int = 128  # 0 = a full-rank query projection (no q latent, no q norm)
     mla_kv_lora_rank: int = 64  # d_c: latent numbers cached per token per MLA layer
-    mla_head_dim: int = 64  # q/k head dim (NoPE: no rotary part)
+    mla_head_dim: int = 64  # q/k head dim of the part keyed from the latent (NoPE: no rotary part)
+    mla_shared_key_dim: int = 0  # d_r: a key part shared by all heads, cached beside the latent (MQA-style,
+    # Kimi-Linear's k_pe without rotation); q/k heads are then mla_head_dim + d_r wide; 0 = none
     mla_v_head_dim: int = 64
     mla_gate: bool = True  # sigmoid output gate on the head outputs; False = plain MLA (Kimi-Linear)
     mla_norm_eps: float | None = None  # eps of the q / kv latent norms; None = norm_eps
@@ -309,6 +311,9 @@ class ModelConfig(JsonConfig):
             v = getattr(self, n)
             _check(isinstance(v, int) and not isinstance(v, bool) and v >= 0, n, v,
                    "a non-negative integer (0 = full rank)")
+        v = self.mla_shared_key_dim
+        _check(isinstance(v, int) and not isinstance(v, bool) and v >= 0, "mla_shared_key_dim", v,
+               "a non-negative integer (0 = no shared key part)")
         for n in ("kda_l2_eps", "mla_norm_eps"):
             v = getattr(self, n)
             _check(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0), n, v,

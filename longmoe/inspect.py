@@ -67,12 +67,13 @@ def param_counts(cfg: ModelConfig, active: bool = False) -> dict[str, int]:
 
 
 def cache_accounting(cfg: ModelConfig) -> dict[str, Any]:
-    """Cache bytes: MLA latents (bf16) per token, KDA states (fp32) + conv tails (bf16) per sequence."""
+    """Cache bytes: MLA cache rows (bf16: the latent and the shared key part, ``d_c + d_r``) per token, KDA
+    states (fp32) + conv tails (bf16) per sequence."""
     types = cfg.layer_types
     n_l, n_m = types.count("L"), types.count("M")
     hk = cfg.kda_heads * cfg.kda_head_dim
     kda_state = n_l * (hk * cfg.kda_head_dim * FP32_BYTES + (cfg.kda_conv_size - 1) * 3 * hk * BF16_BYTES)
-    latent = n_m * cfg.mla_kv_lora_rank * BF16_BYTES
+    latent = n_m * (cfg.mla_kv_lora_rank + cfg.mla_shared_key_dim) * BF16_BYTES
     mha = 2 * cfg.n_layers * cfg.d_model * BF16_BYTES  # K and V of every layer, heads × head_dim = d
     ctx = {
         name: {
@@ -86,6 +87,7 @@ def cache_accounting(cfg: ModelConfig) -> dict[str, Any]:
         "mla_latent_bytes_per_token": latent,
         "kda_state_bytes_per_sequence": kda_state,
         "full_mha_kv_bytes_per_token": mha,
+        "mla_shared_key_bytes_per_token": n_m * cfg.mla_shared_key_dim * BF16_BYTES,  # included above
         "contexts": ctx,
     }
 
@@ -159,7 +161,12 @@ def format_report(r: dict[str, Any], name: str) -> str:
     ]
     c = r["cache"]
     lines += [
-        f"  MLA latent cache: {c['mla_latent_bytes_per_token']:,} B/token (bf16)",
+        f"  MLA latent cache: {c['mla_latent_bytes_per_token']:,} B/token (bf16"
+        + (
+            f"; {c['mla_shared_key_bytes_per_token']:,} of them the shared key part)"
+            if c["mla_shared_key_bytes_per_token"]
+            else ")"
+        ),
         f"  KDA state: {_bytes(c['kda_state_bytes_per_sequence'])} per sequence "
         "(fp32 states + bf16 conv tails, constant in context)",
         f"  full MHA of the same width: {c['full_mha_kv_bytes_per_token']:,} B/token (bf16 K+V)",

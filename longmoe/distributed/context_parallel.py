@@ -18,7 +18,8 @@ the ``[B | M]`` summaries, then each rank folds its predecessors' maps (``S ← 
 get ``S_in``. With packed documents a document start resets the state, so a part containing one has
 ``M = 0`` (its identity columns start at zero there); the conv masks taps across document starts.
 
-**MLA**. One all-gather of the latent ``c`` (``d_c`` numbers per token); each rank expands keys and
+**MLA**. One all-gather of the cache rows ``[c | k_r]`` (``d_c + d_r`` numbers per token: the latent and
+the shared key part, if any); each rank expands keys and
 values for the tokens up to its last one (from the start of its first token's document when packed)
 and attends causally with its query offset, never across documents.
 
@@ -186,15 +187,15 @@ class ContextParallel:
         seq_lens: torch.Tensor | None = None,
         packing: Packing | None = None,
     ) -> torch.Tensor:
-        """``MLALayer.forward`` on this rank's part ``x [B, T, d]``: gathered latents, offset causal mask
+        """``MLALayer.forward`` on this rank's part ``x [B, T, d]``: gathered cache rows, offset causal mask
         (``packing`` is superseded by the recorded layout, as for KDA)."""
         B, T, _ = x.shape
         lay = self._layout(T, state)
-        q, c, gate = layer.project(x)  # [B, H, T, Dq], [B, T, d_c], [B, T, H*Dv]
-        c_all = self._gather(c).transpose(0, 1).reshape(B, self.size * T, -1)  # [B, P·T, d_c]
+        q, c, gate = layer.project(x)  # [B, H, T, Dk], [B, T, d_c + d_r], [B, T, H*Dv]
+        c_all = self._gather(c).transpose(0, 1).reshape(B, self.size * T, -1)  # [B, P·T, d_c + d_r]
         lo, hi = lay.start, lay.start + T
         k0 = 0 if lay.packing is None else int(lay.packing.cu_seqlens[lay.packing.doc_id[lo]])
-        k, v = layer.expand_kv(c_all[:, k0:hi])  # [B, H, hi-k0, Dq], [B, H, hi-k0, Dv]
+        k, v = layer.expand_kv(c_all[:, k0:hi])  # [B, H, hi-k0, Dk], [B, H, hi-k0, Dv]
         pos_q = torch.arange(lo, hi, device=x.device)
         pos_k = torch.arange(k0, hi, device=x.device)
         mask = pos_k[None, :] <= pos_q[:, None]  # [T, hi-k0] causal with the query offset

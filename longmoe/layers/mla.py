@@ -5,10 +5,17 @@ through a low rank ``q = W_uq RMSNorm(W_dq x)`` (or one full-rank ``W_q x`` with
 No positional encoding at all. The head outputs are gated element-wise by ``sigmoid(W_gate x)`` before
 ``o_proj`` (no attention sinks); ``mla_gate = False`` drops the gate (Kimi-Linear's MLA).
 
+Shared key part (``mla_shared_key_dim = d_r > 0``, Kimi-Linear's ``k_pe`` with NoPE): the kv down
+projection also gives ``k_r = W_kr x ∈ R^{d_r}`` (not normalised, not rotated), one key part for all
+heads (MQA-style). Query heads are ``[q_h | q_r,h]`` (``Dq + d_r``), keys ``[W_uk,h c | k_r]``, so the
+score is ``q_h·W_uk,h c + q_r,h·k_r`` scaled by ``(Dq + d_r)^-1/2``. The cache row of a token is
+``[c | k_r]`` (``d_c + d_r`` numbers); with ``d_r = 0`` everything is the plain latent.
+
 Two ways to attend against the cache, which must agree:
 - naive: expand ``k, v`` for every cached token, then attend;
-- absorbed: fold ``W_uk`` into the query (``q̃_h = W_ukᵀ q_h ∈ R^{d_c}``) and ``W_uv`` into the output,
-  attending directly against ``c`` — per step it reads ``d_c`` numbers per cached token, not ``H·(K+V)``.
+- absorbed: fold ``W_uk`` into the query (``q̃_h = [W_ukᵀ q_h | q_r,h] ∈ R^{d_c + d_r}``) and ``W_uv``
+  into the output, attending directly against the cache rows ``[c | k_r]`` (values: ``c`` alone) — per
+  step it reads ``d_c + d_r`` numbers per cached token, not ``H·(K+V)``.
 """
 
 from __future__ import annotations
@@ -32,17 +39,18 @@ class MLALayer(nn.Module):
         super().__init__()
         d, H = cfg.d_model, cfg.mla_heads
         self.H, self.Dq, self.Dv = H, cfg.mla_head_dim, cfg.mla_v_head_dim
-        self.q_rank, self.d_c = cfg.mla_q_lora_rank, cfg.mla_kv_lora_rank
+        self.q_rank, self.d_c, self.d_r = cfg.mla_q_lora_rank, cfg.mla_kv_lora_rank, cfg.mla_shared_key_dim
+        self.Dk = self.Dq + self.d_r  # query / key head dim: the latent-keyed part, then the shared part
         eps = cfg.norm_eps if cfg.mla_norm_eps is None else cfg.mla_norm_eps
-        # q down (or the full-rank q) | kv down | output gate (absent without mla_gate)
-        self.splits = (self.q_rank or H * self.Dq, self.d_c, H * self.Dv if cfg.mla_gate else 0)
+        # q down (or the full-rank q) | kv down (latent, then the shared key part) | output gate
+        self.splits = (self.q_rank or H * self.Dk, self.d_c + self.d_r, H * self.Dv if cfg.mla_gate else 0)
         self.in_proj = nn.Linear(d, sum(self.splits), bias=False)
         self.q_norm = RMSNorm(self.q_rank, eps) if self.q_rank else None
-        self.q_up = nn.Linear(self.q_rank, H * self.Dq, bias=False) if self.q_rank else None
+        self.q_up = nn.Linear(self.q_rank, H * self.Dk, bias=False) if self.q_rank else None
         self.kv_norm = RMSNorm(self.d_c, eps)
         self.kv_up = nn.Linear(self.d_c, H * (self.Dq + self.Dv), bias=False)  # W_uk (all heads) | W_uv
         self.o_proj = nn.Linear(H * self.Dv, d, bias=False)
-        self.scale = self.Dq**-0.5
+        self.scale = self.Dk**-0.5
         self.decode_path = "absorbed"  # how a call with a cache attends: "absorbed" or "naive"
         # static shapes (torch.compile'd steps): attend over the whole latent buffer with a per-row mask
         # instead of slicing it to the longest row; the caller reserves the capacity (Cache.reserve)
@@ -51,10 +59,11 @@ class MLALayer(nn.Module):
     @staticmethod
     def param_count(cfg: ModelConfig) -> int:
         d, H, Dq, Dv = cfg.d_model, cfg.mla_heads, cfg.mla_head_dim, cfg.mla_v_head_dim
-        rq, dc = cfg.mla_q_lora_rank, cfg.mla_kv_lora_rank
-        q = d * rq + rq + rq * H * Dq if rq else d * H * Dq
+        rq, dc, dr = cfg.mla_q_lora_rank, cfg.mla_kv_lora_rank, cfg.mla_shared_key_dim
+        Dk = Dq + dr
+        q = d * rq + rq + rq * H * Dk if rq else d * H * Dk
         gate = d * H * Dv if cfg.mla_gate else 0
-        return q + d * dc + gate + dc + dc * H * (Dq + Dv) + H * Dv * d
+        return q + d * (dc + dr) + gate + dc + dc * H * (Dq + Dv) + H * Dv * d
 
     @torch.no_grad()
     def init_weights(self, std: float, out_std: float) -> None:
@@ -78,21 +87,21 @@ class MLALayer(nn.Module):
         seq_lens: torch.Tensor | None = None,
         packing: Packing | None = None,
     ) -> torch.Tensor:
-        """``x [B, T, d]``. With ``state`` the new latents are appended after ``seq_lens [B]`` per row."""
+        """``x [B, T, d]``. With ``state`` the new cache rows are appended after ``seq_lens [B]`` per row."""
         B, T, _ = x.shape
         H = self.H
-        q, c, gate = self.project(x)  # [B, H, T, Dq], [B, T, d_c], [B, T, H*Dv]
+        q, c, gate = self.project(x)  # [B, H, T, Dk], [B, T, d_c + d_r], [B, T, H*Dv]
         mask, causal = None, False
         if state is None:
-            ctx = c  # [B, S=T, d_c]
+            ctx = c  # [B, S=T, d_c + d_r]
             causal = packing is None  # packed documents: block-diagonal causal, see below
             path = "naive"
         else:
             append = self._append_static if self.static_shapes else self._append
-            ctx, mask = append(state, c, seq_lens)  # [B, S, d_c], [B, 1, T, S] or None
+            ctx, mask = append(state, c, seq_lens)  # [B, S, d_c + d_r], [B, 1, T, S] or None
             path = self.decode_path
         if path == "naive":
-            k, v = self.expand_kv(ctx)  # [B, H, S, Dq], [B, H, S, Dv]
+            k, v = self.expand_kv(ctx)  # [B, H, S, Dk], [B, H, S, Dv]
             if state is None and packing is not None:  # per document, no [T, T] mask (ops/)
                 o = packed_causal_attention(q, k, v, packing.cu_seqlens, scale=self.scale)
             else:
@@ -101,10 +110,16 @@ class MLALayer(nn.Module):
                 )
         elif path == "absorbed":
             w_uk, w_uv = self._w_uk_uv()
-            q_abs = torch.einsum("bhtk,hkc->bhtc", q, w_uk)  # [B, H, T, d_c]
-            kv = ctx.unsqueeze(1).expand(B, H, ctx.shape[1], self.d_c)  # [B, H, S, d_c] (a view)
+            kv = ctx.unsqueeze(1).expand(B, H, ctx.shape[1], ctx.shape[2])  # [B, H, S, d_c + d_r] (a view)
+            if self.d_r:  # keys [c | k_r] against [W_ukᵀ q | q_r]; values are the latent c alone
+                q_abs = torch.einsum("bhtk,hkc->bhtc", q[..., : self.Dq], w_uk)  # [B, H, T, d_c]
+                q_abs = torch.cat([q_abs, q[..., self.Dq :]], dim=-1)  # [B, H, T, d_c + d_r]
+                k_lat, v_lat = kv, kv[..., : self.d_c]
+            else:
+                q_abs = torch.einsum("bhtk,hkc->bhtc", q, w_uk)  # [B, H, T, d_c]
+                k_lat = v_lat = kv
             o_lat = F.scaled_dot_product_attention(
-                q_abs, kv, kv, attn_mask=mask, is_causal=causal, scale=self.scale
+                q_abs, k_lat, v_lat, attn_mask=mask, is_causal=causal, scale=self.scale
             )  # [B, H, T, d_c]
             o = torch.einsum("bhtc,hvc->bhtv", o_lat, w_uv)  # [B, H, T, Dv]
         else:
@@ -113,20 +128,29 @@ class MLALayer(nn.Module):
 
     # the three pieces around the attention (also the seam context parallelism builds on)
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``x [B, T, d]`` -> ``(q [B, H, T, Dq], latent c [B, T, d_c], output gate [B, T, H·Dv])``
-        (the gate is ``[B, T, 0]`` without ``mla_gate``)."""
+        """``x [B, T, d]`` -> ``(q [B, H, T, Dk], cache rows [B, T, d_c + d_r], output gate [B, T, H·Dv])``:
+        a cache row is the normalised latent ``c``, then the shared key part ``k_r`` (neither normalised
+        nor rotated); the gate is ``[B, T, 0]`` without ``mla_gate``."""
         B, T, _ = x.shape
         q_lat, c, gate = self.in_proj(x).split(self.splits, dim=-1)
         if self.q_up is not None:  # low-rank q; with mla_q_lora_rank = 0, q_lat is already q
             q_lat = self.q_up(self.q_norm(q_lat))
-        q = q_lat.view(B, T, self.H, self.Dq).transpose(1, 2)  # [B, H, T, Dq]
+        q = q_lat.view(B, T, self.H, self.Dk).transpose(1, 2)  # [B, H, T, Dk]: [q_h | q_r,h] per head
+        if self.d_r:
+            c, k_r = c.split((self.d_c, self.d_r), dim=-1)
+            return q, torch.cat([self.kv_norm(c), k_r], dim=-1), gate
         return q, self.kv_norm(c), gate
 
     def expand_kv(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-head keys and values of latents ``ctx [B, S, d_c]``: ``([B, H, S, Dq], [B, H, S, Dv])``."""
-        B, H, Dq, Dv = ctx.shape[0], self.H, self.Dq, self.Dv
-        k, v = self.kv_up(ctx).split((H * Dq, H * Dv), dim=-1)  # [B, S, H*Dq], [B, S, H*Dv]
-        return k.view(B, -1, H, Dq).transpose(1, 2), v.view(B, -1, H, Dv).transpose(1, 2)
+        """Per-head keys and values of cache rows ``ctx [B, S, d_c + d_r]``: ``k [B, H, S, Dk]``, rows
+        ``[W_uk,h c | k_r]`` (the shared part is the same for every head), and ``v [B, H, S, Dv]``."""
+        B, S, H, Dq, Dv = ctx.shape[0], ctx.shape[1], self.H, self.Dq, self.Dv
+        k, v = self.kv_up(ctx[..., : self.d_c]).split((H * Dq, H * Dv), dim=-1)  # [B, S, H*Dq], [B, S, H*Dv]
+        k = k.view(B, S, H, Dq).transpose(1, 2)  # [B, H, S, Dq]
+        if self.d_r:
+            k_r = ctx[..., self.d_c :].unsqueeze(1).expand(B, H, S, self.d_r)  # [B, H, S, d_r]
+            k = torch.cat([k, k_r.to(k.dtype)], dim=-1)  # [B, H, S, Dk]
+        return k, v.view(B, S, H, Dv).transpose(1, 2)
 
     def output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """Gate the head outputs ``o [B, H, T, Dv]`` by ``sigmoid(gate)`` (unless ``mla_gate`` is off) and
@@ -141,7 +165,8 @@ class MLALayer(nn.Module):
     def _append(
         state: MLAState, c: torch.Tensor, seq_lens: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Write ``c [B, T, d_c]`` after each row's ``seq_lens`` and return ``(context, mask)``."""
+        """Write the cache rows ``c [B, T, d_c + d_r]`` after each row's ``seq_lens`` and return
+        ``(context, mask)``."""
         B, T, _ = c.shape
         lens = seq_lens.to(c.device)
         lo, hi = int(lens.min()), int(lens.max())
@@ -167,7 +192,7 @@ class MLALayer(nn.Module):
         state: MLAState, c: torch.Tensor, seq_lens: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``_append`` without reading lengths on the host: every row writes at its own positions and
-        the context is the whole buffer ``[B, capacity, d_c]`` (capacity >= seq_lens + T, reserved by
+        the context is the whole buffer ``[B, capacity, d_c + d_r]`` (capacity >= seq_lens + T, reserved by
         the caller) with mask ``[B, 1, T, capacity]``; shapes depend on ``B, T`` and the capacity only.
         """
         B, T, _ = c.shape
@@ -179,4 +204,4 @@ class MLALayer(nn.Module):
         return state.buf, (j <= pos[:, :, None])[:, None]  # [B, 1, T, cap]
 
     def new_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> MLAState:
-        return MLAState(torch.zeros(batch_size, 0, self.d_c, device=device, dtype=dtype))
+        return MLAState(torch.zeros(batch_size, 0, self.d_c + self.d_r, device=device, dtype=dtype))

@@ -118,3 +118,120 @@ def test_output_gate_scales_heads():
         m.in_proj.weight[-H * Dv :, 0] = -1e4  # gate logits ≈ -1e4 * x[..., 0]
         x[..., 0] = 1.0
         assert m(x).abs().max() < 1e-6
+
+
+# ---------------------------------------------------------------- shared key part (mla_shared_key_dim)
+D_R = 6  # shared key numbers per token (Kimi-Linear's k_pe width, here small)
+
+
+def shared_layer(seed: int = 0, **kw) -> MLALayer:
+    torch.manual_seed(seed)
+    m = MLALayer(cfg(mla_shared_key_dim=D_R, **kw))
+    m.init_weights(0.3, 0.3)
+    with torch.no_grad():  # a non-trivial latent norm, so "normalise the latent only" is tested
+        m.kv_norm.weight.copy_(1.0 + 0.3 * torch.randn_like(m.kv_norm.weight))
+    return m.eval()
+
+
+def reference_shared_key(m: MLALayer, x: torch.Tensor) -> torch.Tensor:
+    """The math written out from the weights: kv down = [latent | k_r], only the latent normalised;
+    per head score = q_h·k_h(latent) + q_r,h·k_r (k_r the same for every head), scale (Dq + d_r)^-1/2."""
+    B, T, _ = x.shape
+    H, Dq, Dv, dc, dr = m.H, m.Dq, m.Dv, m.d_c, m.d_r
+    q_down, kv_down, gate = (x @ m.in_proj.weight.t()).split(m.splits, dim=-1)
+    q = m.q_up(m.q_norm(q_down)) if m.q_up is not None else q_down
+    q = q.view(B, T, H, Dq + dr)
+    latent, k_r = kv_down[..., :dc], kv_down[..., dc:]
+    latent = m.kv_norm(latent)
+    w_k, w_v = m.kv_up.weight.split((H * Dq, H * Dv))
+    k_lat = (latent @ w_k.t()).view(B, T, H, Dq)
+    v = (latent @ w_v.t()).view(B, T, H, Dv)
+    scores = torch.einsum("bthd,bshd->bhts", q[..., :Dq], k_lat) + torch.einsum(
+        "bthr,bsr->bhts", q[..., Dq:], k_r
+    )
+    scores = scores * (Dq + dr) ** -0.5
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    p = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+    o = torch.einsum("bhts,bshv->bthv", p, v)
+    if m.splits[2]:
+        o = o * torch.sigmoid(gate).view(B, T, H, Dv)
+    return m.o_proj(o.reshape(B, T, H * Dv))
+
+
+@pytest.mark.parametrize("q_rank", [16, 0])
+def test_shared_key_matches_the_written_out_math(q_rank):
+    """Full forward with a shared key part equals the reference above (low-rank and full-rank q)."""
+    m = shared_layer(5, mla_q_lora_rank=q_rank)
+    x = torch.randn(2, 13, 32)
+    with torch.no_grad():
+        assert (m(x) - reference_shared_key(m, x)).abs().max() < TOL
+    c = cfg(mla_shared_key_dim=D_R, mla_q_lora_rank=q_rank)
+    assert MLALayer.param_count(c) == sum(p.numel() for p in MLALayer(c).parameters())
+
+
+def test_shared_key_part_is_live():
+    """Zeroing the k_r rows of the kv down projection changes the output (the part is really used)."""
+    m = shared_layer(6)
+    x = torch.randn(1, 9, 32)
+    lo = m.splits[0] + m.d_c
+    with torch.no_grad():
+        ref = m(x)
+        m.in_proj.weight[lo : lo + D_R] = 0.0
+        assert (m(x) - ref).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("split", [1, 4, 11])
+@pytest.mark.parametrize("path", ["naive", "absorbed"])
+def test_shared_key_cached_paths_equal_full_forward(split, path):
+    """Prefill + decode through the cache (both attention paths) == the uncached forward, and the cache
+    holds d_c + d_r numbers per token: the latent, then the un-normalised shared key part."""
+    m = shared_layer(7)
+    x = torch.randn(2, 23, 32)
+    with torch.no_grad():
+        full = m(x)
+        out, st = run_cached(m, x, split, path)
+        kv_down = (x @ m.in_proj.weight.t()).split(m.splits, dim=-1)[1]
+    assert (out - full).abs().max() < TOL
+    assert st.buf.shape[2] == 8 + D_R
+    assert st.spec().per_token == (8 + D_R) * 4
+    assert torch.equal(st.buf[:, :23, 8:], kv_down[..., 8:])  # k_r cached as projected (no norm)
+    assert st.nbytes(torch.tensor([23, 23])) == 2 * 23 * (8 + D_R) * 4
+
+
+def test_shared_key_static_shapes_and_padded_rows():
+    """The compiled-step layout (whole buffer + per-row mask) and rows of different lengths, both paths."""
+    m = shared_layer(8)
+    x = torch.randn(2, 15, 32)
+    with torch.no_grad():
+        full = m(x)
+        for path in ("naive", "absorbed"):
+            m.decode_path, m.static_shapes = path, True
+            lens = torch.tensor([9, 4])
+            st = MLAState(torch.zeros(2, 64, 8 + D_R))
+            for b, n in enumerate(lens.tolist()):
+                sb = m.new_state(1, x.device, x.dtype)
+                sb.reserve(64)
+                m(x[b : b + 1, :n], sb, torch.zeros(1, dtype=torch.long))
+                st.buf[b, :n] = sb.buf[0, :n]
+            out = m(torch.stack([x[0, 9:11], x[1, 4:6]]), st, lens)
+            assert (out[0] - full[0, 9:11]).abs().max() < TOL, path
+            assert (out[1] - full[1, 4:6]).abs().max() < TOL, path
+        m.static_shapes = False
+
+
+def test_shared_key_packed_documents_do_not_attend_across():
+    m = shared_layer(9)
+    x = torch.randn(1, 20, 32)
+    cu = torch.tensor([0, 6, 7, 20])
+    with torch.no_grad():
+        packed = m(x, packing=Packing(cu))
+        alone = torch.cat([m(x[:, a:b]) for a, b in ((0, 6), (6, 7), (7, 20))], 1)
+    assert (packed - alone).abs().max() < TOL
+
+
+def test_default_has_no_shared_key_part():
+    """mla_shared_key_dim = 0 (the default): the cache row is the latent alone and shapes are today's."""
+    m = layer()
+    assert m.d_r == 0 and m.Dk == m.Dq and m.scale == 12**-0.5
+    assert m.in_proj.weight.shape[0] == 16 + 8 + 3 * 10  # q down | kv down (d_c) | gate
+    assert m.new_state(1, torch.device("cpu"), torch.float32).buf.shape[2] == 8
