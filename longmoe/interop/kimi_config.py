@@ -8,8 +8,10 @@ What corresponds (see docs/interop.md for the table):
 - KDA: Kimi's gate ``-exp(A_log)·softplus(f + dt_bias)`` -> ``kda_gate="kimi"``; the low-rank forget gate
   (``f_a_proj`` to ``head_dim``) -> ``kda_gate_rank``; the low-rank output gate (``g_a_proj``) ->
   ``kda_out_gate_rank``; FLA's ``x/sqrt(|x|² + 1e-6)`` q/k norm -> ``kda_l2_eps``;
-- MLA: NoPE with no rotary part (``qk_rope_head_dim = 0``), no output gate (``mla_gate=False``), latent
-  norms with eps 1e-6 (``mla_norm_eps``), ``q_lora_rank: null`` -> ``mla_q_lora_rank = 0``;
+- MLA: NoPE (``mla_use_nope: true``; transformers never rotates), so the "rotary" key part
+  ``qk_rope_head_dim`` is a plain key part shared by all heads -> ``mla_shared_key_dim``; no output gate
+  (``mla_gate=False``), latent norms with eps 1e-6 (``mla_norm_eps``), ``q_lora_rank: null`` ->
+  ``mla_q_lora_rank = 0``;
 - MoE: sigmoid router, ``e_score_correction_bias`` -> the balancing bias, grouped top-k, full-width experts
   (latent α = 1), ``routed_scaling_factor`` -> ``ffn.routed_scale``; plain pre-norm residuals.
 
@@ -88,11 +90,13 @@ def config_from_hf(hf: dict[str, Any], dtype: str | None = None) -> ModelConfig:
         )
     n = int(hf["num_hidden_layers"])
     heads = int(hf["num_attention_heads"])
+    use_nope = bool(_get(hf, "mla_use_nope", default=True))  # transformers' model never rotates
     checks = [
         (
-            int(_get(hf, "qk_rope_head_dim", default=0)) == 0,
+            use_nope or int(_get(hf, "qk_rope_head_dim", default=0)) == 0,
             "qk_rope_head_dim",
-            "0: longmoe's MLA caches only the normalised latent, not a shared rotary/NoPE key part",
+            "0 unless mla_use_nope is true: longmoe's MLA has no positional encoding, so a rotated key "
+            "part cannot be expressed (with mla_use_nope it is the un-rotated shared key part)",
         ),
         (
             int(_get(hf, "num_key_value_heads", default=heads)) == heads,
@@ -111,7 +115,7 @@ def config_from_hf(hf: dict[str, Any], dtype: str | None = None) -> ModelConfig:
             "'sigmoid'",
         ),
         (int(_get(hf, "moe_layer_freq", default=1)) == 1, "moe_layer_freq", "1"),
-        (bool(_get(hf, "mla_use_nope", default=True)), "mla_use_nope", "true (NoPE MLA)"),
+        (use_nope, "mla_use_nope", "true (NoPE MLA)"),
         (hf.get("hidden_act", "silu") in _ACT_TO_GLU, "hidden_act", f"one of {sorted(_ACT_TO_GLU)}"),
     ]
     for ok, field, expected in checks:
@@ -162,6 +166,7 @@ def config_from_hf(hf: dict[str, Any], dtype: str | None = None) -> ModelConfig:
         mla_q_lora_rank=int(_get(hf, "q_lora_rank", default=0)),
         mla_kv_lora_rank=int(_get(hf, "kv_lora_rank", default=512)),
         mla_head_dim=int(_get(hf, "qk_nope_head_dim", default=128)),
+        mla_shared_key_dim=int(_get(hf, "qk_rope_head_dim", default=0)),
         mla_v_head_dim=int(_get(hf, "v_head_dim", default=128)),
         mla_gate=False,
         mla_norm_eps=HF_LATENT_NORM_EPS,
@@ -228,7 +233,8 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         "routed_scaling_factor": f.routed_scale,
         "kv_lora_rank": cfg.mla_kv_lora_rank,
         "q_lora_rank": cfg.mla_q_lora_rank or None,
-        "qk_rope_head_dim": 0,
+        "qk_rope_head_dim": cfg.mla_shared_key_dim,
+        "mla_use_nope": True,  # Moonshot's code rotates the shared key part without it
         "qk_nope_head_dim": cfg.mla_head_dim,
         "v_head_dim": cfg.mla_v_head_dim,
         "num_expert_group": f.n_group,

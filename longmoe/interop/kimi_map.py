@@ -6,7 +6,8 @@ The map is keyed by the names transformers *saves* (Moonshot's layout: ``self_at
 
 longmoe fuses what Kimi-Linear keeps apart: a KDA layer's ``in_proj`` rows are
 ``q | k | v | b (β) | f_a (decay-gate rank) | g_a (output-gate rank)``, its ``conv_weight`` rows
-``q | k | v``; an MLA layer's ``in_proj`` rows are ``q_a`` (or the full-rank ``q_proj``) ``| kv_a``;
+``q | k | v``; an MLA layer's ``in_proj`` rows are ``q_a`` (or the full-rank ``q_proj``) ``| kv_a``
+(``kv_a_proj_with_mqa``: the latent, then the shared key part ``qk_rope_head_dim`` = ``mla_shared_key_dim``);
 a GLU's ``w_in`` rows are ``gate | up``; routed experts are ``w_in [E, d, 2f]`` / ``w_out [E, f, d]``.
 """
 
@@ -79,6 +80,7 @@ def source_map(cfg: ModelConfig) -> dict[str, tuple[Piece, Shape]]:
     """Every transformers tensor of ``cfg``'s model -> (its piece of a longmoe tensor, its own shape)."""
     H, K, d, W = cfg.kda_heads, cfg.kda_head_dim, cfg.d_model, cfg.kda_conv_size
     Hm, Dq, Dv = cfg.mla_heads, cfg.mla_head_dim, cfg.mla_v_head_dim
+    Dk = Dq + cfg.mla_shared_key_dim  # a query head: the latent-keyed part, then the shared-key part
     rq, dc, f = cfg.mla_q_lora_rank, cfg.mla_kv_lora_rank, cfg.ffn
     m: dict[str, tuple[Piece, Shape]] = {
         "model.embed_tokens.weight": (Piece("embed.weight"), (cfg.vocab_size, d)),
@@ -119,10 +121,10 @@ def source_map(cfg: ModelConfig) -> dict[str, tuple[Piece, Shape]]:
             if rq:
                 lo = rows(a + "q_a_proj.weight", x + "in_proj.weight", 0, rq)
                 whole(a + "q_a_layernorm.weight", x + "q_norm.weight", (rq,))
-                whole(a + "q_b_proj.weight", x + "q_up.weight", (Hm * Dq, rq))
+                whole(a + "q_b_proj.weight", x + "q_up.weight", (Hm * Dk, rq))
             else:
-                lo = rows(a + "q_proj.weight", x + "in_proj.weight", 0, Hm * Dq)
-            rows(a + "kv_a_proj_with_mqa.weight", x + "in_proj.weight", lo, dc)
+                lo = rows(a + "q_proj.weight", x + "in_proj.weight", 0, Hm * Dk)
+            rows(a + "kv_a_proj_with_mqa.weight", x + "in_proj.weight", lo, dc + cfg.mla_shared_key_dim)
             whole(a + "kv_a_layernorm.weight", x + "kv_norm.weight", (dc,))
             m[a + "kv_b_proj.weight"] = (Piece(x + "kv_up.weight", kv=(Hm, Dq, Dv)), (Hm * (Dq + Dv), dc))
             whole(a + "o_proj.weight", x + "o_proj.weight", (d, Hm * Dv))

@@ -1,7 +1,9 @@
 """``longmoe convert`` against transformers' Kimi-Linear: a tiny random ``KimiLinearForCausalLM`` is saved
 (sharded), converted, and must give the same logits (max |Δ| < 1e-4 in fp32) for the full forward, for
 prefill + token-by-token decode through the model cache and the serving engine, and after export back
-to transformers."""
+to transformers. Twice: without a "rotary" key part (``pair``) and with ``qk_rope_head_dim > 0`` as the
+released checkpoints have (``shared_pair``: the un-rotated key part shared by all heads, which longmoe
+caches beside the latent as ``mla_shared_key_dim``)."""
 
 from __future__ import annotations
 
@@ -16,24 +18,37 @@ from longmoe.checkpoint import load_model
 from longmoe.config import ModelConfig, preset
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.inspect import param_counts
-from longmoe.interop.kimi_config import ConversionError, config_from_hf, hf_layer_types
+from longmoe.interop.kimi_config import ConversionError, config_from_hf, config_to_hf, hf_layer_types
 from longmoe.interop.kimi_linear import RECORD_FILE, from_hf, to_hf
+from longmoe.layers.mla import DECODE_PATHS
 from longmoe.model import LongMoE
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 
 pytest.importorskip("transformers")
 TOL = 1e-4
+SHARED_KEY_DIM = 8  # qk_rope_head_dim of shared_pair (the released checkpoints: 64 next to nope 128)
+PAIRS = ("pair", "shared_pair")
+
+
+def _convert(root, **overrides):
+    hf = hf_model(**overrides)
+    save_hf(hf, root / "hf")
+    from_hf(root / "hf", root / "lm")
+    return hf, LongMoE.from_pretrained(root / "lm").eval(), root
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """(transformers model, its converted longmoe model, the two directories)."""
-    root = tmp_path_factory.mktemp("kimi")
-    hf = hf_model()
-    save_hf(hf, root / "hf")
-    from_hf(root / "hf", root / "lm")
-    return hf, LongMoE.from_pretrained(root / "lm").eval(), root
+    return _convert(tmp_path_factory.mktemp("kimi"))
+
+
+@pytest.fixture(scope="module")
+def shared_pair(tmp_path_factory):
+    """``pair`` with ``qk_rope_head_dim > 0``: q heads ``nope + rope`` wide, ``kv_a_proj_with_mqa`` giving the
+    latent and a key part shared by all heads (no rotation in transformers' Kimi-Linear)."""
+    return _convert(tmp_path_factory.mktemp("kimi_shared"), qk_rope_head_dim=SHARED_KEY_DIM)
 
 
 def _prompts(seed: int = 0) -> list[torch.Tensor]:
@@ -41,8 +56,9 @@ def _prompts(seed: int = 0) -> list[torch.Tensor]:
     return [torch.randint(0, VOCAB, (2, n), generator=g) for n in PROMPT_LENGTHS]
 
 
-def test_config_maps_the_checkpoint(pair):
-    _, lm, root = pair
+@pytest.mark.parametrize("which", PAIRS)
+def test_config_maps_the_checkpoint(which, request):
+    _, lm, root = request.getfixturevalue(which)
     cfg = lm.cfg
     assert cfg.layer_pattern == "LLLML"  # kda_layers [1, 2, 3, 5], full_attn_layers [4]: 1-indexed
     assert (cfg.kda_gate, cfg.attn_res, cfg.mla_gate, cfg.ffn.latent_ratio) == ("kimi", False, False, 1)
@@ -51,10 +67,12 @@ def test_config_maps_the_checkpoint(pair):
     assert (cfg.ffn.n_shared, cfg.ffn.shared_hidden) == (2, 24)
     assert len(list((root / "hf").glob("model-*.safetensors"))) > 1  # the source really was sharded
     assert lm.num_parameters() == sum(param_counts(cfg).values())  # `longmoe inspect` counts it right
+    assert cfg.mla_shared_key_dim == (SHARED_KEY_DIM if which == "shared_pair" else 0)
 
 
-def test_full_forward_matches(pair):
-    hf, lm, _ = pair
+@pytest.mark.parametrize("which", PAIRS)
+def test_full_forward_matches(which, request):
+    hf, lm, _ = request.getfixturevalue(which)
     for x in _prompts():
         with torch.no_grad():
             a, b = hf(x).logits, lm(x).logits
@@ -80,8 +98,11 @@ def test_bias_and_grouping_change_routing(pair):
     assert (ref - ungrouped).abs().max() > 1e-3
 
 
-def test_prefill_then_decode_through_the_cache(pair):
-    hf, lm, _ = pair
+@pytest.mark.parametrize("path", DECODE_PATHS)
+@pytest.mark.parametrize("which", PAIRS)
+def test_prefill_then_decode_through_the_cache(which, path, request):
+    hf, lm, _ = request.getfixturevalue(which)
+    lm.set_mla_decode(path)
     for x in _prompts(1)[2:]:
         with torch.no_grad():
             full = hf(x).logits
@@ -92,12 +113,14 @@ def test_prefill_then_decode_through_the_cache(pair):
                 steps.append(lm(x[:, t : t + 1], cache=out.cache).logits)
         got = torch.cat(steps, dim=1)
         assert (full - got).abs().max().item() < TOL
+    lm.set_mla_decode("absorbed")
 
 
-def test_engine_greedy_decode_matches(pair):
+@pytest.mark.parametrize("which", PAIRS)
+def test_engine_greedy_decode_matches(which, request):
     """Chunked prefill + batched decode in the serving engine: chosen tokens, their log-probs and the top-5
     alternatives equal transformers' full forward over prompt + completion."""
-    hf, lm, _ = pair
+    hf, lm, _ = request.getfixturevalue(which)
     prompts = [p[0].tolist() for p in _prompts(2)[1:]]
     params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=5, ignore_eos=True)
     with Engine(lm, tokenizer_for_tests(VOCAB), EngineConfig(prefill_chunk=8, max_batch=4)) as eng:
@@ -115,10 +138,11 @@ def test_engine_greedy_decode_matches(pair):
             assert max(abs(v - float(w)) for (_, v), w in zip(res.top_logprobs[j], top.values)) < TOL
 
 
-def test_export_round_trip_loads_in_transformers(pair, tmp_path):
+@pytest.mark.parametrize("which", PAIRS)
+def test_export_round_trip_loads_in_transformers(which, request, tmp_path):
     from transformers import KimiLinearForCausalLM
 
-    hf, _, root = pair
+    hf, _, root = request.getfixturevalue(which)
     to_hf(root / "lm", tmp_path / "back")
     back = KimiLinearForCausalLM.from_pretrained(tmp_path / "back").eval()
     for x in _prompts(3):
@@ -129,9 +153,10 @@ def test_export_round_trip_loads_in_transformers(pair, tmp_path):
     assert all(torch.equal(src[k], dst[k]) for k in src)  # bit-exact weights
 
 
-def test_runtime_layout_single_file(pair, tmp_path):
+@pytest.mark.parametrize("which", PAIRS)
+def test_runtime_layout_single_file(which, request, tmp_path):
     """transformers' runtime names (fused conv1d, forget_gate.*, mlp.experts.gate_up_proj) convert too."""
-    hf, lm, root = pair
+    hf, lm, root = request.getfixturevalue(which)
     d = tmp_path / "runtime"
     d.mkdir()
     (d / "config.json").write_text((root / "hf" / "config.json").read_text())
@@ -195,7 +220,6 @@ def test_layer_schedule_from_linear_attn_config():
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("qk_rope_head_dim", 64),
         ("num_key_value_heads", 1),
         ("moe_renormalize", False),
         ("hidden_act", "relu"),
@@ -207,8 +231,23 @@ def test_import_rejects_what_longmoe_cannot_express(field, value):
         config_from_hf({**hf, field: value})
 
 
-def test_converted_config_round_trips_through_json(pair, tmp_path):
-    _, lm, _ = pair
+def test_rotated_key_part_is_refused_and_the_nope_one_is_the_shared_key():
+    """``qk_rope_head_dim > 0`` is the shared key part only under NoPE (transformers, and Moonshot's
+    ``mla_use_nope: true``); with rotation (``mla_use_nope: false``) the error names the field."""
+    hf = json.loads(hf_config().to_json_string())
+    for rope in (64, 0):
+        with pytest.raises(ConversionError, match="qk_rope_head_dim" if rope else "mla_use_nope"):
+            config_from_hf({**hf, "qk_rope_head_dim": rope, "mla_use_nope": False})
+    for extra in ({}, {"mla_use_nope": True}):  # transformers' config has no such field: NoPE
+        cfg = config_from_hf({**hf, "qk_rope_head_dim": 64, **extra})
+        assert (cfg.mla_shared_key_dim, cfg.mla_head_dim) == (64, 16)
+        back = config_to_hf(cfg)
+        assert (back["qk_rope_head_dim"], back["qk_nope_head_dim"], back["mla_use_nope"]) == (64, 16, True)
+
+
+@pytest.mark.parametrize("which", PAIRS)
+def test_converted_config_round_trips_through_json(which, request, tmp_path):
+    _, lm, _ = request.getfixturevalue(which)
     lm.cfg.save(tmp_path / "c.json")
     assert ModelConfig.load(tmp_path / "c.json") == lm.cfg
 
