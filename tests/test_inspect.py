@@ -7,8 +7,9 @@ import json
 import pytest
 
 from longmoe.config import FFNConfig, preset
-from longmoe.inspect import cache_accounting, param_counts, report
+from longmoe.inspect import cache_accounting, format_report, param_counts, report
 from longmoe.model import LongMoE
+from longmoe.serve.budget import CacheSpec
 
 
 @pytest.mark.parametrize(
@@ -65,6 +66,21 @@ def test_real_cache_matches_accounting():
     with torch.no_grad():
         m(torch.zeros(1, 10, dtype=torch.long), cache=cache)
     assert cache.nbytes() - base == 10 * 2 * cfg.mla_kv_lora_rank * 4
+
+
+def test_shared_key_part_is_counted_in_the_cache():
+    """With mla_shared_key_dim the MLA cache row is d_c + d_r wide: inspect's bf16 bytes per token, a real
+    bf16 cache's per-token spec and the serving budget's spec (built from it) all count it."""
+    base = preset("tiny-dense")
+    cfg = base.replace(mla_shared_key_dim=16, dtype="bfloat16")
+    c, c0 = cache_accounting(cfg), cache_accounting(base)
+    assert c["mla_latent_bytes_per_token"] == 2 * (32 + 16) * 2
+    assert c["mla_shared_key_bytes_per_token"] == 2 * 16 * 2 and c0["mla_shared_key_bytes_per_token"] == 0
+    m = LongMoE(cfg)
+    assert m.new_cache(1).spec().per_token == c["mla_latent_bytes_per_token"]
+    assert CacheSpec.of(m).per_token == c["mla_latent_bytes_per_token"]
+    assert "192 B/token (bf16; 64 of them the shared key part)" in format_report(report(cfg), "x")
+    assert "shared key" not in format_report(report(base), "x")
 
 
 def test_cli_json_and_text(capsys, tmp_path):

@@ -247,3 +247,29 @@ def test_bf16_model_runs_with_fp32_state():
         out = m(ids(1, 9), cache=c)
     assert c.layers[0].state.dtype == torch.float32 and torch.isfinite(out.logits.float()).all()
     assert c.nbytes() > 0
+
+
+def test_shared_key_cache_reuse_truncate_and_stack():
+    """A model whose MLA layers have a shared key part (mla_shared_key_dim): the cache's bytes count it,
+    and prefix segments, truncation and stacked rows of different lengths all continue exactly."""
+    c = cfg("M", mla_shared_key_dim=5)
+    m = model(c)
+    x = ids(2, 14, 3)
+    with torch.no_grad():
+        full = m(x).logits
+        cache = m.new_cache(1)
+        m(x[:1, :6], cache=cache)
+        first = cache.segment(0, 6)
+        m(x[:1, 6:10], cache=cache)
+        assert cache.nbytes() == 10 * c.n_layers * (12 + 5) * 4  # latent d_c + shared key part, fp32
+        assert cache.spec().per_token == c.n_layers * (12 + 5) * 4
+        row = Cache.from_segments([first, cache.segment(6, 10)], 10, "cpu")  # prefix reuse
+        assert (m(x[:1, 10:12], cache=row).logits - full[:1, 10:12]).abs().max() < TOL
+        cache.truncate(7)  # forget tokens 7..9, then feed them again
+        assert (m(x[:1, 7:10], cache=cache).logits - full[:1, 7:10]).abs().max() < TOL
+        other = m.new_cache(1)
+        m(x[1:, :3], cache=other)
+        both = Cache.stack([cache, other])  # rows at 10 and 3 tokens
+        step = m(torch.stack([x[0, 10:11], x[1, 3:4]]), cache=both).logits
+    assert (step[0] - full[0, 10:11]).abs().max() < TOL
+    assert (step[1] - full[1, 3:4]).abs().max() < TOL

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from longmoe.config import preset
+from longmoe.layers.mla import MLALayer
 from longmoe.layers.quant import QuantExperts, QuantLinear
 from longmoe.model import LongMoE
 from longmoe.ops.quant import dequantize
@@ -109,3 +110,24 @@ def test_flagship_footprint_without_allocating():
     full = quantized_footprint(cfg, None)["total"]
     i8, i4 = (quantized_footprint(cfg, m)["total"] for m in ("int8", "int4"))
     assert 0.5 < i8 / full < 0.52 and 0.25 < i4 / full < 0.33
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_shared_key_projection_is_quantized_and_decodes_exactly(mode):
+    """With mla_shared_key_dim the MLA in_proj (which holds the shared key rows next to the latent's) is
+    quantized like the rest: the swap is exactly its dequantized model, and prefill + decode through the
+    cache equals the quantized full forward."""
+    kw = dict(mla_shared_key_dim=16)
+    x = _ids(2, 24)
+    with torch.no_grad():
+        q = _tiny(**kw)
+        quantize_model(q, mode, compute_dtype=torch.float32)
+        mlas = [m for m in q.modules() if isinstance(m, MLALayer)]
+        assert mlas and all(isinstance(m.in_proj, QuantLinear) for m in mlas)
+        assert mlas[0].in_proj.out_features == sum(mlas[0].splits)  # q | latent + shared key | gate
+        full = q(x).logits
+        torch.testing.assert_close(full, _dequantized_float_model(q, **kw)(x).logits, atol=1e-4, rtol=1e-4)
+        cache = q.new_cache(2)
+        steps = [q(x[:, :16], cache=cache).logits]
+        steps += [q(x[:, t : t + 1], cache=cache).logits for t in range(16, 24)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=1e-4)

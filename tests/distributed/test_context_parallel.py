@@ -57,8 +57,12 @@ def _layouts(world: int) -> list[list[int] | None]:
 
 
 def _build(kind: str) -> torch.nn.Module:
+    """``"L"`` KDA, ``"M"`` MLA, ``"M+shared"`` MLA with a shared key part (``mla_shared_key_dim``)."""
     torch.manual_seed(0)
-    m = KDALayer(_cfg()) if kind == "L" else MLALayer(_cfg(layer_pattern="M"))
+    if kind == "L":
+        m = KDALayer(_cfg())
+    else:
+        m = MLALayer(_cfg(layer_pattern="M", mla_shared_key_dim=4 if kind == "M+shared" else 0))
     m.init_weights(0.3, 0.3)
     if kind == "L":
         with torch.no_grad():
@@ -131,6 +135,11 @@ def test_kda_context_parallel_three_ranks_composes_maps():
 def test_mla_context_parallel_equals_one_process():
     """MLA on 2 ranks: gathered latents + offset causal mask equal one process, forward and backward."""
     run_ranks(_layer_matches_one_process, "M")
+
+
+def test_mla_shared_key_context_parallel_equals_one_process():
+    """The gathered cache rows carry the shared key part too: [c | k_r] per token, same results."""
+    run_ranks(_layer_matches_one_process, "M+shared")
 
 
 def _model_matches_one_process(rank: int, world: int) -> None:
