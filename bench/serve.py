@@ -65,7 +65,7 @@ def peer_model(cfg: ModelConfig):
         num_key_value_heads=cfg.mla_heads,
         kv_lora_rank=cfg.mla_kv_lora_rank,
         q_lora_rank=cfg.mla_q_lora_rank,
-        qk_rope_head_dim=0,
+        qk_rope_head_dim=cfg.mla_shared_key_dim,
         qk_nope_head_dim=cfg.mla_head_dim,
         v_head_dim=cfg.mla_v_head_dim,
         num_experts_per_tok=cfg.ffn.top_k,
