@@ -16,6 +16,7 @@ only use what requests have not reserved, and are evicted before a request would
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from longmoe.cache import Cache
@@ -63,7 +64,7 @@ class CacheBudget:
         if block_size < 1:
             raise ValueError(f"block_size: expected an integer >= 1, got {block_size}")
         self.spec, self.budget, self.block_size = spec, int(budget_bytes), block_size
-        self.reserved: dict[int, int] = {}  # request id -> bytes
+        self.reserved: dict[Hashable, int] = {}  # request id (or a session's key) -> bytes
         self.snapshot_bytes = 0  # prefix-reuse snapshots (evictable; owned by the PrefixCache)
 
     @property
@@ -88,13 +89,16 @@ class CacheBudget:
                 f"cache budget is {self.budget:,} bytes (at most {self.max_tokens_alone()} tokens)"
             )
 
-    def try_reserve(self, rid: int, n_tokens: int) -> bool:
+    def try_reserve(self, rid: Hashable, n_tokens: int, replaces: Hashable | None = None) -> bool:
+        """Reserve ``n_tokens`` for ``rid``; ``replaces``: a reservation given up in exchange (a
+        session's kept row, which the request continues), which then counts as free."""
         self.check(n_tokens)
         need = self.spec.bytes_for(n_tokens, self.block_size)
-        if need > self.free_bytes:
+        if need > self.free_bytes + self.reserved.get(replaces, 0):
             return False  # the caller may evict snapshots and retry
+        self.reserved.pop(replaces, None)
         self.reserved[rid] = need
         return True
 
-    def release(self, rid: int) -> None:
+    def release(self, rid: Hashable) -> None:
         self.reserved.pop(rid, None)

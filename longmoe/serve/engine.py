@@ -20,6 +20,9 @@ prefix of its prompt that an earlier request computed) and **speculative decodin
 (``serve/speculative.py``: with a draft model, step 3 drafts ``k`` tokens per row, verifies them in one
 target forward and rolls rejected rows back).
 
+**Sessions** (``serve/session.py``) keep a finished request's cache row for the conversation's next
+request, which supplies only its new tokens: an agent episode prefills each observation once.
+
 Rows never interact (the model is row-independent and MoE routing is per token), so a request's
 tokens are the same alone or batched; sampling depends only on its own logits and seed.
 """
@@ -45,15 +48,23 @@ from longmoe.checkpoint import load_model
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.model import LongMoE
 from longmoe.quantize import quantize_model
-from longmoe.serve.budget import CacheBudget, CacheBudgetError, CacheSpec
+from longmoe.serve.budget import CacheBudget, CacheSpec
 from longmoe.serve.compiled import CompiledSteps
 from longmoe.serve.detok import IncrementalDetokenizer
 from longmoe.serve.engine_config import EngineConfig
 from longmoe.serve.prefix_cache import PrefixCache
-from longmoe.serve.request import FINISH_REASONS, Completion, EngineError, Event, Request, RequestHandle
+from longmoe.serve.request import (
+    FINISH_REASONS,
+    Completion,
+    EngineError,
+    Event,
+    Request,
+    RequestHandle,
+    check_lengths,
+)
 from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice, sample
+from longmoe.serve.session import Session, Sessions
 from longmoe.serve.speculative import Speculator
-from longmoe.serve.stops import find_stop, safe_end
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +107,8 @@ class Engine:
             if self.cfg.prefix_cache
             else None
         )
+        self.sessions = Sessions(self.budget)
+        self._closing: list[Session] = []
         self._cv = threading.Condition()
         self._incoming: list[Request] = []
         self._waiting: deque[Request] = deque()
@@ -160,30 +173,23 @@ class Engine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         sink: Callable[[Event], None] | None = None,
+        session: Session | None = None,
     ) -> RequestHandle:
-        """Queue a request; events go to ``sink`` (called from the engine thread) or the handle."""
+        """Queue a request; events go to ``sink`` (called from the engine thread) or the handle.
+
+        With a ``session`` (``open_session``) the prompt is only what is new since the session's last
+        request (its whole context and kept cache row are reused; see ``serve/session.py``)."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params: expected SamplingParams, got {type(params).__name__}")
-        ids = self.encode_prompt(prompt)
-        if not ids:
-            raise EngineError("prompt", "is empty: expected at least one token")
-        if len(ids) >= self.max_context:
-            raise EngineError(
-                "prompt",
-                f"has {len(ids)} tokens but the context window is {self.max_context} "
-                "(the prompt must leave room for at least one generated token)",
-            )
-        if len(ids) + params.max_tokens > self.max_context:
-            raise EngineError(
-                "max_tokens",
-                f"{params.max_tokens} + {len(ids)} prompt tokens exceeds the context window of "
-                f"{self.max_context}; expected max_tokens <= {self.max_context - len(ids)}",
-            )
-        try:
-            self.budget.check(len(ids) + params.max_tokens)
-        except CacheBudgetError as e:
-            raise EngineError("max_tokens", str(e)) from e
+        if session is not None:
+            session.check()
+            if isinstance(prompt, str) and session.tokens:
+                prompt = self.tokenizer.encode(prompt, bos=False)  # a continuation: no second <|bos|>
+            ids = session.tokens + self.encode_prompt(prompt)
+        else:
+            ids = self.encode_prompt(prompt)
+        check_lengths(len(ids), params.max_tokens, self.max_context, self.budget)
         q: queue.Queue | None = None
         if sink is None:
             q = queue.Queue()
@@ -191,7 +197,7 @@ class Engine:
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= {self.tokenizer.eos_id, self.tokenizer.end_id}
-        req = Request(next(self._ids), ids, params, sink, stop_ids=frozenset(stop_ids))
+        req = Request(next(self._ids), ids, params, sink, stop_ids=frozenset(stop_ids), session=session)
         req.plain_greedy = (
             params.greedy
             and params.repetition_penalty == 1.0
@@ -206,6 +212,9 @@ class Engine:
                 raise RuntimeError("engine is closed")
             if len(self._waiting) + len(self._incoming) >= self.cfg.max_waiting:
                 raise EngineError("queue", f"is full ({self.cfg.max_waiting} waiting requests)", 503)
+            if session is not None:
+                session.check()
+                session.active = True
             self._incoming.append(req)
             self.counters["requests"] += 1
             self.counters["prompt_tokens"] += len(ids)
@@ -213,8 +222,24 @@ class Engine:
             self._cv.notify_all()
         return RequestHandle(req, q, self._cancel)
 
-    def generate(self, prompt: str | list[int], params: SamplingParams | None = None) -> Completion:
-        return self.submit(prompt, params).result()
+    def generate(
+        self, prompt: str | list[int], params: SamplingParams | None = None, session: Session | None = None
+    ) -> Completion:
+        return self.submit(prompt, params, session=session).result()
+
+    def open_session(self) -> Session:
+        """A new conversation whose requests continue one another on a kept cache row."""
+        if self.speculator is not None:
+            raise EngineError("session", "sessions are not supported with speculative decoding")
+        return Session()
+
+    def close_session(self, session: Session) -> None:
+        """Release the session's kept row (after its running request, if any, finishes)."""
+        with self._cv:
+            session.closed = True
+            self._closing.append(session)
+            self._ensure_thread()
+            self._cv.notify_all()
 
     def generate_batch(
         self,
@@ -255,6 +280,7 @@ class Engine:
             "cache_budget_bytes": self.budget.budget,
             "tokens_per_second": sum(n for _, n in recent) / _TPS_WINDOW_S,
             **(self.prefix.report() if self.prefix is not None else {}),
+            **self.sessions.report(),
             **(self.speculator.report() if self.speculator is not None else {}),
         }
 
@@ -280,7 +306,9 @@ class Engine:
             atexit.register(lambda: (e := ref()) is not None and e.close())
 
     def _has_work(self) -> bool:
-        return bool(self._incoming or self._waiting or self._prefilling or self._joining or self._batch_reqs)
+        return bool(
+            self._incoming or self._waiting or self._prefilling or self._joining or self._batch_reqs
+        ) or bool(self._closing)
 
     def _cancel(self, req: Request) -> None:
         with self._cv:
@@ -309,6 +337,10 @@ class Engine:
             self._waiting.extend(self._incoming)
             self._incoming.clear()
             reap, self._cancel_pending = self._cancel_pending, False
+            closing, self._closing = self._closing, []
+        for s in closing:
+            if not s.active:  # an active one is dropped when its request finishes
+                self.sessions.drop(s)
         if reap:
             self._reap_cancelled()
         self._admit()
@@ -325,6 +357,7 @@ class Engine:
         while self._recent and now - self._recent[0][0] > _TPS_WINDOW_S:
             self._recent.popleft()
         live = sum(r.cache.nbytes() for r in self._prefilling + self._joining if r.cache is not None)
+        live += sum(s.cache.nbytes() for s in self.sessions.idle.values() if s.cache is not None)
         self.cache_bytes_in_use = live + (self._batch.nbytes() if self._batch is not None else 0)
 
     def _reap_cancelled(self) -> None:
@@ -346,12 +379,23 @@ class Engine:
             if len(self._prefilling) + len(self._joining) + len(self._batch_reqs) >= self.cfg.max_batch:
                 return
             r = self._waiting[0]
-            while not self.budget.try_reserve(r.id, len(r.prompt_ids) + r.params.max_tokens):
-                if self.prefix is None or not self.prefix.evict_one():  # snapshots go first
+            s = r.session
+            key = s.key if s is not None else None
+            while not self.budget.try_reserve(r.id, len(r.prompt_ids) + r.params.max_tokens, key):
+                if self.prefix is not None and self.prefix.evict_one():  # snapshots go first,
+                    continue
+                if not self.sessions.evict_one(keep=s):  # then idle sessions' kept rows
                     return  # wait for running requests to free their reservations (arrival order kept)
             self._waiting.popleft()
-            r.cache = self._new_cache()
-            if self.prefix is not None:
+            if s is not None and s.cache is not None:  # continue the session's kept row
+                r.cache, r.n_fed = self.sessions.take(s)
+                r.reused = r.n_fed
+                self.sessions.stats.tokens_reused += r.n_fed
+            else:
+                r.cache = self._new_cache()
+            if s is not None:
+                self.sessions.stats.turns += 1
+            if self.prefix is not None and r.reused == 0:
                 r.block_hashes = self.prefix.hashes(r.prompt_ids)
                 self.prefix.reuse(r)
             self._prefilling.append(r)
@@ -382,7 +426,7 @@ class Engine:
         ready = self._prefilling if self.prefix is None else self.prefix.ready(self._prefilling)
         group = ready[: max(1, cs // _MIN_PREFILL_ROW)]
         L = min(min(len(r.prompt_ids) - r.n_fed for r in group), max(1, cs // len(group)))
-        if self.prefix is not None:
+        if self.prefix is not None and group[0].block_hashes:
             L = self.prefix.chunk(group[0], L)
         x = torch.tensor(
             [r.prompt_ids[r.n_fed : r.n_fed + L] for r in group], dtype=torch.long, device=self.device
@@ -398,10 +442,10 @@ class Engine:
         produced = 0
         for i, r in enumerate(group):
             r.n_fed += L
-            if self.prefix is not None and r.cache is not None:
+            if self.prefix is not None and r.cache is not None and r.block_hashes:
                 self.prefix.store(r.prompt_ids, r.block_hashes, r.cache)
             if r.n_fed == len(r.prompt_ids):
-                if self.prefix is not None:
+                if self.prefix is not None and r.block_hashes:
                     self.prefix.count(r)
                 self._prefilling.remove(r)
                 self._accept(r, self._choose(r, logits[i]))
@@ -409,6 +453,7 @@ class Engine:
                 if r.finish is None:
                     self._joining.append(r)
                 else:
+                    self._keep_session(r, r.cache)
                     r.cache = None
         return produced
 
@@ -448,9 +493,17 @@ class Engine:
         assert r.sampler is not None
         return sample(logits, r.sampler)
 
+    def _keep_session(self, r: Request, cache: Cache | None) -> None:
+        """A finished session request leaves its row (which has seen all but its last token) behind."""
+        if r.session is not None:
+            self.sessions.keep(r.session, cache if r.finish in ("stop", "length") else None)
+
     def _rebuild_batch(self) -> None:
         keep = [i for i, r in enumerate(self._batch_reqs) if r.finish is None]
         if len(keep) < len(self._batch_reqs):
+            for i, r in enumerate(self._batch_reqs):
+                if r.finish is not None and r.session is not None and self._batch is not None:
+                    self._keep_session(r, self._batch.select([i]))
             self._batch_reqs = [self._batch_reqs[i] for i in keep]
             self._batch = self._batch.select(keep) if keep and self._batch is not None else None
         if self._joining:
@@ -463,41 +516,13 @@ class Engine:
 
     # ------------------------------------------------------------------ per-token bookkeeping
     def _accept(self, r: Request, choice: TokenChoice) -> None:
-        """Record a token, apply stop conditions, emit the safe text delta (and the result if done).
-
-        Per token the work is bounded, not proportional to the output so far: the detokeniser decodes
-        a small window of recent ids, and stop strings are searched only where a new match can be.
-        """
-        p = r.params
-        tok = choice.token
-        r.out.append(tok)
-        if choice.logprob is not None:
-            r.lps.append(choice.logprob)
-        if choice.top is not None:
-            r.tops.append(choice.top)
-        assert r.detok is not None
-        length = len(r.out) >= p.max_tokens or len(r.prompt_ids) + len(r.out) >= self.max_context
-        reason = "stop" if tok in r.stop_ids else None
-        new = "" if reason else r.detok.step(tok)
-        complete = r.sampler is not None and r.sampler.constrained_done  # e.g. the JSON is closed
-        if reason or length or complete:  # the last token: the text is complete, partial characters included
-            new += r.detok.flush()
-        if new:
-            r.text += new
-            if p.stop and (cut := find_stop(r.text, p.stop, len(new))) is not None:
-                r.text, reason = r.text[:cut], "stop"
-        if reason is None and complete:
-            reason = "stop"
-        if reason is None and length:
-            reason = "length"
-        end = len(r.text) if reason else safe_end(r.text, p.stop, r.sent)
-        delta = r.text[r.sent : end] if end > r.sent else ""
-        r.sent = max(r.sent, end)
+        """Record a token (``Request.record``: stop conditions, the safe text delta); finish if done."""
+        reason, delta = r.record(choice, self.max_context)
         lp = [choice.logprob] if choice.logprob is not None else None
         if reason is None:
-            r.sink(Event(delta, [tok], lp))
+            r.sink(Event(delta, [choice.token], lp))
         else:
-            self._finish(r, reason, delta, [tok], lp)
+            self._finish(r, reason, delta, [choice.token], lp)
 
     def _finish(
         self,
@@ -508,25 +533,15 @@ class Engine:
         lp: list[float] | None = None,
         error: str | None = None,
     ) -> None:
-        r.finish = reason
-        if r.detok is not None and reason in ("cancelled", "error"):
-            r.text += r.detok.flush()  # as decoded so far, a trailing incomplete character included
-        r.detok = None
         self.budget.release(r.id)
+        if r.session is not None:  # before the result is delivered: the caller may continue at once
+            if reason in ("stop", "length"):  # a cancelled or failed turn leaves the context unchanged
+                r.session.tokens = r.prompt_ids + r.out
+                r.session.turns += 1
+            r.session.active = False
         self.finished[reason] += 1
-        want_lp = r.params.logprobs or r.params.top_logprobs
-        done = Completion(
-            text=r.text,
-            token_ids=list(r.out),
-            finish_reason=reason,
-            logprobs=list(r.lps) if want_lp else None,
-            prompt_tokens=len(r.prompt_ids),
-            completion_tokens=len(r.out),
-            top_logprobs=list(r.tops) if r.params.top_logprobs else None,
-            error=error,
-        )
         try:
-            r.sink(Event(delta, new or [], lp, done))
+            r.sink(Event(delta, new or [], lp, r.complete(reason, error)))
         except Exception:  # a consumer that went away must not break the scheduler
             log.exception("request %d: delivering the result failed", r.id)
 

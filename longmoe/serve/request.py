@@ -13,8 +13,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from longmoe.cache import Cache
+from longmoe.serve.budget import CacheBudget, CacheBudgetError
 from longmoe.serve.detok import IncrementalDetokenizer
-from longmoe.serve.sampling import SamplerState, SamplingParams
+from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice
+from longmoe.serve.session import Session
+from longmoe.serve.stops import find_stop, safe_end
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
@@ -37,6 +40,7 @@ class Completion:
     completion_tokens: int
     top_logprobs: list[list[tuple[int, float]]] | None = None
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens not prefilled: a session's kept row or a prefix snapshot
 
 
 @dataclass
@@ -63,7 +67,8 @@ class Request:
     cache: Cache | None = None  # own single-row cache while prefilling
     n_fed: int = 0
     block_hashes: list[bytes] = field(default_factory=list)  # prefix reuse: chained hash per block
-    reused: int = 0  # prompt tokens restored from a prefix snapshot
+    reused: int = 0  # prompt tokens restored from a prefix snapshot or a session's kept row
+    session: Session | None = None  # keeps its cache row when the request finishes
     prefix_stops: set[int] = field(default_factory=set)  # prompt lengths others wait to reuse
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
@@ -74,6 +79,80 @@ class Request:
     finish: str | None = None
     cancelled: bool = False
     submitted_at: float = field(default_factory=time.monotonic)
+
+    def record(self, choice: TokenChoice, max_context: int) -> tuple[str | None, str]:
+        """Append a chosen token; returns the finish reason (None: go on) and the text delta to send.
+
+        Per token the work is bounded, not proportional to the output so far: the detokeniser decodes
+        a small window of recent ids, and stop strings are searched only where a new match can be.
+        """
+        p, tok = self.params, choice.token
+        self.out.append(tok)
+        if choice.logprob is not None:
+            self.lps.append(choice.logprob)
+        if choice.top is not None:
+            self.tops.append(choice.top)
+        assert self.detok is not None
+        length = len(self.out) >= p.max_tokens or len(self.prompt_ids) + len(self.out) >= max_context
+        reason = "stop" if tok in self.stop_ids else None
+        new = "" if reason else self.detok.step(tok)
+        complete = self.sampler is not None and self.sampler.constrained_done  # e.g. the JSON is closed
+        if reason or length or complete:  # the last token: the text is complete, partial characters included
+            new += self.detok.flush()
+        if new:
+            self.text += new
+            if p.stop and (cut := find_stop(self.text, p.stop, len(new))) is not None:
+                self.text, reason = self.text[:cut], "stop"
+        if reason is None and complete:
+            reason = "stop"
+        if reason is None and length:
+            reason = "length"
+        end = len(self.text) if reason else safe_end(self.text, p.stop, self.sent)
+        delta = self.text[self.sent : end] if end > self.sent else ""
+        self.sent = max(self.sent, end)
+        return reason, delta
+
+    def complete(self, reason: str, error: str | None = None) -> Completion:
+        """Mark the request finished and build its result."""
+        self.finish = reason
+        if self.detok is not None and reason in ("cancelled", "error"):
+            self.text += self.detok.flush()  # as decoded so far, a trailing incomplete character included
+        self.detok = None
+        want_lp = self.params.logprobs or self.params.top_logprobs
+        return Completion(
+            text=self.text,
+            token_ids=list(self.out),
+            finish_reason=reason,
+            logprobs=list(self.lps) if want_lp else None,
+            prompt_tokens=len(self.prompt_ids),
+            completion_tokens=len(self.out),
+            top_logprobs=list(self.tops) if self.params.top_logprobs else None,
+            error=error,
+            cached_tokens=self.reused,
+        )
+
+
+def check_lengths(n_prompt: int, max_tokens: int, max_context: int, budget: CacheBudget) -> None:
+    """Raise ``EngineError`` unless a prompt of ``n_prompt`` tokens + ``max_tokens`` fits the context
+    window and the whole cache budget."""
+    if not n_prompt:
+        raise EngineError("prompt", "is empty: expected at least one token")
+    if n_prompt >= max_context:
+        raise EngineError(
+            "prompt",
+            f"has {n_prompt} tokens but the context window is {max_context} "
+            "(the prompt must leave room for at least one generated token)",
+        )
+    if n_prompt + max_tokens > max_context:
+        raise EngineError(
+            "max_tokens",
+            f"{max_tokens} + {n_prompt} prompt tokens exceeds the context window of "
+            f"{max_context}; expected max_tokens <= {max_context - n_prompt}",
+        )
+    try:
+        budget.check(n_prompt + max_tokens)
+    except CacheBudgetError as e:
+        raise EngineError("max_tokens", str(e)) from e
 
 
 class RequestHandle:
