@@ -1,0 +1,221 @@
+"""Rollouts: many multi-turn episodes at once through the serving engine, recorded for RL.
+
+``collect(engine, make_env, seeds, cfg)`` plays ``cfg.group_size`` episodes of every task seed, all
+concurrently: each episode is a small state machine driven by its completions, so the engine always
+holds as many assistant turns as it has room for. An episode (``serve/session.py``) keeps its cache
+row across turns: a turn submits only the new tokens (the tool results and the next
+``<|assistant|>`` header), never the whole trajectory again. ``cfg.sessions=False`` resubmits the
+whole trajectory each turn instead (what ``bench/rollout.py`` compares against).
+
+Tokens are recorded exactly as sampled (no re-tokenisation of the text), so the trainer scores the
+very ids the policy produced. The layout follows ``data.chat``: the opening (``<|bos|>``, system,
+user, ``<|assistant|>\\n``), then per turn the policy's tokens up to and including ``<|end|>``, then
+the observation (``\\n``, one ``<|tool_result|>`` message per call, ``<|assistant|>\\n``).
+``policy_mask`` is True exactly on the policy's tokens; ``logprobs`` holds the rollout policy's
+log-probability of each of them (the model's raw distribution, 0 elsewhere).
+
+An episode ends when the environment says so; a turn cut by ``max_turn_tokens`` (no ``<|end|>``) is
+passed to the environment as malformed (reward 0, counted), and an episode that would outgrow
+``max_episode_tokens`` ends truncated with reward 0.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from longmoe.data.chat import AssistantTurn, encode_chat, parse_assistant
+from longmoe.envs.base import Env
+from longmoe.serve.engine import Engine
+from longmoe.serve.request import Completion, Event
+from longmoe.serve.sampling import SamplingParams
+from longmoe.serve.session import Session
+
+_CUT = "the turn reached max_turn_tokens without <|end|>"
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How episodes are sampled (validated).
+
+    ``group_size``: episodes per task (G); ``max_turn_tokens``: tokens one assistant turn may
+    generate; ``max_episode_tokens``: the whole trajectory's limit; ``temperature`` / ``top_p``:
+    sampling (logprobs are always the raw model's, so 1.0 / 1.0 keep PPO's ratio exact);
+    ``sessions``: keep each episode's cache across turns (False: resubmit the trajectory each turn);
+    ``seed``: sampling seeds derive from it, the task seed, the sample index and the turn.
+    """
+
+    group_size: int = 8
+    max_turn_tokens: int = 64
+    max_episode_tokens: int = 2048
+    temperature: float = 1.0
+    top_p: float = 1.0
+    sessions: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f in ("group_size", "max_turn_tokens", "max_episode_tokens"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{f}: expected an integer >= 1, got {v!r}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature: expected a number in [0, 100], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class TurnRecord:
+    """One assistant turn: its policy tokens are ``ids[start:end]`` of the trajectory."""
+
+    start: int
+    end: int
+    state_key: str  # the environment's knowledge state before the turn (step-wise grouping)
+    malformed: str | None = None
+    prefilled: int = 0  # context tokens the engine prefilled for this turn
+    cached: int = 0  # context tokens it reused (the session's kept row or a prefix snapshot)
+
+
+@dataclass
+class Trajectory:
+    """One finished episode, token by token (see the module docstring)."""
+
+    task: int  # index of the task seed in ``collect``'s ``seeds``
+    seed: int
+    sample: int  # index inside the task's group
+    horizon: int
+    ids: list[int] = field(default_factory=list)
+    policy_mask: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
+    reward: float = 0.0
+    success: bool = False
+    malformed: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def policy_tokens(self) -> int:
+        return sum(self.policy_mask)
+
+    def extend(self, ids: Sequence[int], policy: bool, logprobs: Sequence[float] | None = None) -> None:
+        self.ids += ids
+        self.policy_mask += [policy] * len(ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+
+
+@dataclass
+class _Episode:
+    traj: Trajectory
+    env: Env
+    session: Session | None
+
+
+def turn_seed(base: int, task_seed: int, sample: int, turn: int) -> int:
+    """The sampling seed of one turn: a pure function, so a resumed run samples the same tokens."""
+    return (base * 1_000_003 + task_seed * 9_176 + sample * 7_919 + turn * 104_729) % 2**63
+
+
+def observation_ids(engine: Engine, messages: list[dict[str, Any]]) -> list[int]:
+    """Tokens after a policy turn: the turn's closing newline, the tool results, the next header."""
+    tok = engine.tokenizer
+    return tok.encode("\n") + encode_chat(tok, messages, add_generation_prompt=True).ids
+
+
+def collect(
+    engine: Engine,
+    make_env: Callable[[], Env],
+    seeds: Sequence[int],
+    cfg: RolloutConfig,
+) -> list[Trajectory]:
+    """Play ``cfg.group_size`` episodes of every task in ``seeds`` concurrently; trajectories in
+    (task, sample) order."""
+    done_q: queue.Queue[tuple[int, Completion]] = queue.Queue()
+    eps: list[_Episode] = []
+    pending: dict[int, list[int]] = {}  # episode -> the context tokens its next turn submits
+    for ti, s in enumerate(seeds):
+        for g in range(cfg.group_size):
+            env = make_env()
+            opening = env.reset(s)
+            tr = Trajectory(ti, s, g, env.horizon)
+            ids = encode_chat(engine.tokenizer, opening, add_generation_prompt=True, bos=engine.cfg.add_bos)
+            eps.append(_Episode(tr, env, engine.open_session() if cfg.sessions else None))
+            pending[len(eps) - 1] = ids.ids
+    live = 0
+    for i in list(pending):
+        live += _submit(engine, eps[i], i, pending.pop(i), cfg, done_q)
+    while live:
+        i, c = done_q.get()
+        live -= 1
+        ep = eps[i]
+        obs = _advance(engine, ep, c, cfg)
+        if obs is not None:
+            live += _submit(engine, ep, i, obs, cfg, done_q)
+        elif ep.session is not None:
+            engine.close_session(ep.session)
+    return [e.traj for e in eps]
+
+
+def _submit(
+    engine: Engine, ep: _Episode, i: int, new: list[int], cfg: RolloutConfig, done_q: queue.Queue
+) -> int:
+    """Append the context tokens ``new`` and submit the episode's next turn (1), or end the episode
+    truncated when they would leave no room for a turn (0; ``new`` is then dropped)."""
+    tr = ep.traj
+    room = min(cfg.max_episode_tokens, engine.max_context) - len(tr.ids) - len(new)
+    if room < 2:
+        _end(engine, ep, truncated=True)
+        return 0
+    tr.extend(new, False)
+    tr.turns.append(TurnRecord(len(tr.ids), len(tr.ids), ep.env.state_key()))
+    params = SamplingParams(
+        max_tokens=min(cfg.max_turn_tokens, room - 1),
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        seed=turn_seed(cfg.seed, tr.seed, tr.sample, len(tr.turns)),
+        logprobs=True,
+    )
+
+    def sink(ev: Event) -> None:
+        if ev.done is not None:
+            done_q.put((i, ev.done))
+
+    if ep.session is not None:
+        engine.submit(new, params, sink, session=ep.session)
+    else:
+        engine.submit(list(tr.ids), params, sink)
+    return 1
+
+
+def _advance(engine: Engine, ep: _Episode, c: Completion, cfg: RolloutConfig) -> list[int] | None:
+    """Record a finished turn and step the environment: the next observation's tokens, or None."""
+    tr, turn = ep.traj, ep.traj.turns[-1]
+    if c.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"rollout turn failed ({c.finish_reason}): {c.error}")
+    turn.cached, turn.prefilled = c.cached_tokens, c.prompt_tokens - c.cached_tokens
+    tr.extend(c.token_ids, True, c.logprobs)
+    turn.end = len(tr.ids)
+    if c.finish_reason == "length":
+        parsed = AssistantTurn(engine.tokenizer.decode(c.token_ids), malformed=_CUT)
+    else:
+        parsed = parse_assistant(engine.tokenizer.decode(c.token_ids))
+    turn.malformed = parsed.malformed
+    res = ep.env.step(parsed)
+    if res.done:
+        _end(engine, ep, reward=res.reward, info=res.info)
+        return None
+    return observation_ids(engine, res.messages)
+
+
+def _end(
+    engine: Engine, ep: _Episode, reward: float = 0.0, info: dict | None = None, truncated: bool = False
+) -> None:
+    tr = ep.traj
+    tr.reward, tr.info = float(reward), dict(info or {})
+    tr.success = bool(tr.info.get("success", False))
+    tr.malformed = bool(tr.info.get("malformed", 0))
+    tr.truncated = truncated or bool(tr.info.get("truncated", False))
+    if truncated and ep.session is not None:
+        engine.close_session(ep.session)

@@ -1,0 +1,1 @@
+"""Agentic RL: group-relative and step-wise advantages, the clipped policy loss with KL, the trainer."""
