@@ -126,18 +126,19 @@ def observation_ids(engine: Engine, messages: list[dict[str, Any]]) -> list[int]
 
 def collect(
     engine: Engine,
-    make_env: Callable[[], Env],
+    make_env: Callable[[int], Env],
     seeds: Sequence[int],
     cfg: RolloutConfig,
 ) -> list[Trajectory]:
     """Play ``cfg.group_size`` episodes of every task in ``seeds`` concurrently; trajectories in
-    (task, sample) order."""
+    (task, sample) order. ``make_env(i)`` builds a fresh environment for task ``i`` (e.g. of its
+    horizon); ``reset(seeds[i])`` draws the task."""
     done_q: queue.Queue[tuple[int, Completion]] = queue.Queue()
     eps: list[_Episode] = []
     pending: dict[int, list[int]] = {}  # episode -> the context tokens its next turn submits
     for ti, s in enumerate(seeds):
         for g in range(cfg.group_size):
-            env = make_env()
+            env = make_env(ti)
             opening = env.reset(s)
             tr = Trajectory(ti, s, g, env.horizon)
             ids = encode_chat(engine.tokenizer, opening, add_generation_prompt=True, bos=engine.cfg.add_bos)

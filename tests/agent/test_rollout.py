@@ -22,7 +22,7 @@ def engine(model_dir):
 
 
 def test_layout_and_masks(engine):
-    trajs = collect(engine, FakeEnv, [11, 12], CFG)
+    trajs = collect(engine, lambda i: FakeEnv(), [11, 12], CFG)
     assert [(t.task, t.sample) for t in trajs] == [(i, g) for i in range(2) for g in range(3)]
     end = engine.tokenizer.end_id
     for t in trajs:
@@ -41,7 +41,7 @@ def test_layout_and_masks(engine):
 
 
 def test_rollout_logprobs_match_teacher_forcing(engine):
-    (t,) = collect(engine, FakeEnv, [3], RolloutConfig(group_size=1, max_turn_tokens=12, seed=1))
+    (t,) = collect(engine, lambda i: FakeEnv(), [3], RolloutConfig(group_size=1, max_turn_tokens=12, seed=1))
     with torch.no_grad():
         logits = engine.model(torch.tensor([t.ids])).logits[0].float()
     lp = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(t.ids[1:])[:, None])[:, 0]
@@ -51,10 +51,10 @@ def test_rollout_logprobs_match_teacher_forcing(engine):
 
 
 def test_sessions_equal_resubmission_and_reproducible(model_dir, engine):
-    a = collect(engine, FakeEnv, [7, 8], CFG)
-    b = collect(engine, FakeEnv, [7, 8], CFG)
+    a = collect(engine, lambda i: FakeEnv(), [7, 8], CFG)
+    b = collect(engine, lambda i: FakeEnv(), [7, 8], CFG)
     with Engine.from_dir(model_dir, prefill_chunk=32, prefix_cache=False) as plain:
-        c = collect(plain, FakeEnv, [7, 8], RolloutConfig(**{**CFG.__dict__, "sessions": False}))
+        c = collect(plain, lambda i: FakeEnv(), [7, 8], RolloutConfig(**{**CFG.__dict__, "sessions": False}))
     assert [t.ids for t in a] == [t.ids for t in b] == [t.ids for t in c]
     assert [t.reward for t in a] == [t.reward for t in c]
     assert all(u.cached == 0 for t in c for u in t.turns)
@@ -63,7 +63,7 @@ def test_sessions_equal_resubmission_and_reproducible(model_dir, engine):
 
 def test_episode_truncated_at_the_token_limit(engine):
     cfg = RolloutConfig(group_size=2, max_turn_tokens=12, max_episode_tokens=70, seed=2)
-    trajs = collect(engine, lambda: FakeEnv(turns=50), [1], cfg)
+    trajs = collect(engine, lambda i: FakeEnv(turns=50), [1], cfg)
     for t in trajs:
         assert t.truncated and t.reward == 0.0 and len(t.ids) <= 70
     engine.generate([5], SamplingParams(max_tokens=1))  # a step that processes the session closes

@@ -1,0 +1,73 @@
+"""``RLConfig``: every choice of the RL recipe as a typed, validated field (so each can be ablated).
+
+Written to ``RUN/rl_config.json`` and read back on ``--resume``, so a resumed run keeps its settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from longmoe.config import JsonConfig, _check, check_types, is_positive_int
+from longmoe.rl.loss import NORMS
+
+RL_CONFIG = "rl_config.json"  # RUN/rl_config.json
+REFERENCE_DIR = "reference"  # RUN/reference: the frozen reference model (the starting weights)
+
+
+@dataclass
+class RLConfig(JsonConfig):
+    """``longmoe rl``'s settings; the field comments are the CLI's help."""
+
+    init: str = ""  # model directory or run to start from (e.g. the SFT run); also the KL reference
+    env: str = "calculator"  # environment name (longmoe.envs.ENVS)
+    horizons: list[int] = field(default_factory=lambda: [2])  # task horizons, cycled over a step's tasks
+    env_args: dict[str, Any] = field(default_factory=dict)  # other environment config fields
+    steps: int = 40  # RL steps (each: rollouts, then the policy update)
+    tasks_per_step: int = 8  # tasks per step; each gets a group of group_size rollouts
+    group_size: int = 8  # rollouts per task (G)
+    max_turn_tokens: int = 48  # tokens an assistant turn may generate
+    max_episode_tokens: int = 1024  # a trajectory's token limit (longer: truncated, reward 0)
+    temperature: float = 1.0  # rollout sampling temperature
+    lr: float = 5e-5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # 0 disables clipping
+    ppo_epochs: int = 1  # passes over a step's rollouts
+    minibatches: int = 1  # optimizer steps per pass
+    micro_batch: int = 8  # trajectories per forward (gradient accumulation; the loss is unchanged)
+    clip_low: float = 0.2  # PPO: ratio clipped to [1 - clip_low, 1 + clip_high]
+    clip_high: float = 0.28
+    kl_coef: float = 0.02  # weight of the k3 KL to the frozen reference (0: no KL term)
+    step_adv_weight: float = 1.0  # ω: weight of the step-wise (GiGPO) advantage (0: episode only)
+    gamma: float = 0.95  # discount of the terminal reward over turns (step-wise returns)
+    adv_std_norm: bool = True  # divide group-relative advantages by the group's std
+    loss_norm: str = "token"  # "token": mean over all policy tokens; "sequence": per trajectory first
+    freeze_router: bool = False  # MoE routers and balancing bias frozen (routing-drift guard)
+    drift_every: int = 1  # steps between routing-drift measurements (0: never)
+    drift_trajectories: int = 4  # trajectories of the step's rollouts the drift is measured on
+    seed: int = 0  # task seeds and sampling seeds derive from it and the step
+    ckpt_every: int = 10  # steps between checkpoints (0: only at the end)
+    keep_last: int = 2
+    max_batch: int = 64  # engine: episodes decoding at once
+    prefill_chunk: int = 512  # engine: prompt tokens per scheduler step
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for f in ("steps", "tasks_per_step", "group_size", "max_turn_tokens", "max_episode_tokens"):
+            _check(is_positive_int(getattr(self, f)), f, getattr(self, f), "a positive integer")
+        for f in ("ppo_epochs", "minibatches", "micro_batch", "keep_last", "max_batch", "prefill_chunk"):
+            _check(is_positive_int(getattr(self, f)), f, getattr(self, f), "a positive integer")
+        for f in ("ckpt_every", "drift_every", "drift_trajectories"):
+            _check(getattr(self, f) >= 0, f, getattr(self, f), "an integer >= 0")
+        _check(bool(self.horizons) and all(is_positive_int(h) for h in self.horizons), "horizons",
+               self.horizons, "a non-empty list of positive integers")  # fmt: skip
+        _check(0 < self.lr < 1, "lr", self.lr, "a number in (0, 1)")
+        _check(0 <= self.clip_low < 1 and self.clip_high >= 0, "clip_low/clip_high",
+               (self.clip_low, self.clip_high), "clip_low in [0, 1) and clip_high >= 0")  # fmt: skip
+        _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
+        _check(self.step_adv_weight >= 0, "step_adv_weight", self.step_adv_weight, "a number >= 0")
+        _check(0 < self.gamma <= 1, "gamma", self.gamma, "a number in (0, 1]")
+        _check(0 < self.temperature <= 10, "temperature", self.temperature, "a number in (0, 10]")
+        _check(self.loss_norm in NORMS, "loss_norm", self.loss_norm, f"one of {NORMS}")
+        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "a number >= 0")
+        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")

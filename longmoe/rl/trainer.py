@@ -1,0 +1,307 @@
+"""The RL trainer: rollouts through the engine, group-relative + step-wise advantages, clipped updates.
+
+One RL step:
+
+1. **rollouts**: ``tasks_per_step`` task seeds (a pure function of ``seed`` and the step), each
+   played ``group_size`` times by the current policy through the serving engine
+   (``agent.rollout.collect``: sessions keep every episode's cache across turns). The engine
+   serves the policy module itself, so it always samples from the current weights; its prefix
+   snapshots are cleared after every update;
+2. **advantages** per group (``rl.advantage``): episode-level group-relative plus ``ω`` times the
+   step-wise advantage of turns taken from the same environment state;
+3. **update**: the reference's log-probs of the sampled tokens (one no-grad forward of the frozen
+   starting model), then ``ppo_epochs`` passes of ``minibatches`` optimizer steps over the rollouts,
+   each accumulating micro-batches of ``micro_batch`` trajectories, on the clipped loss with the
+   k3 KL (``rl.loss``), normalised over all policy tokens of the minibatch;
+4. **metrics** (``RUN/metrics.jsonl``): reward, success, malformed and truncated shares, episode
+   length, KL, clip share, grad norm, routing drift vs the reference on the step's policy tokens.
+
+The run directory: ``rl_config.json``, ``tokenizer.json``, ``reference/`` (the frozen starting
+weights, written once), ``metrics.jsonl``, atomic ``checkpoints/step-N/`` (policy weights and
+balancer state, optimizer, RNG, step; ``longmoe.checkpoint``) and ``final/``. ``--resume`` continues
+from the newest complete checkpoint and equals an uninterrupted run: task seeds and sampling seeds
+are functions of the step, the minibatch order of a seeded generator.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from longmoe import checkpoint as ckpt
+from longmoe.agent.rollout import RolloutConfig, Trajectory, collect
+from longmoe.data.tokenizer import TOKENIZER_FILE
+from longmoe.envs import HELD_OUT_SEED_BASE, Env, make_env
+from longmoe.model import LongMoE
+from longmoe.rl.advantage import turn_advantages
+from longmoe.rl.config import REFERENCE_DIR, RL_CONFIG, RLConfig
+from longmoe.rl.loss import policy_loss
+from longmoe.serve.engine import Engine
+from longmoe.serve.engine_config import EngineConfig
+from longmoe.train.drift import freeze_routing, measure_drift
+from longmoe.train.plots import read_metrics_lines
+from longmoe.train.pretrain import param_groups, rng_state, seed_everything, set_rng_state
+
+log = logging.getLogger(__name__)
+
+EnvFactory = Callable[[int], Env]  # horizon -> a fresh environment
+
+
+def task_seeds(seed: int, step: int, n: int) -> list[int]:
+    """The training task seeds of one step (below ``HELD_OUT_SEED_BASE``: never an evaluation task)."""
+    rng = random.Random(f"longmoe-rl:{seed}:{step}")
+    return [rng.randrange(HELD_OUT_SEED_BASE) for _ in range(n)]
+
+
+def token_tensors(
+    trajs: Sequence[Trajectory], advs: Sequence[Sequence[float]] | None = None
+) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids [B, T]`` and, per predicted position ``[B, T-1]``: ``mask`` (policy
+    tokens), ``old_logp`` (rollout log-probs) and ``adv`` (the token's turn advantage)."""
+    T = max(len(t.ids) for t in trajs)
+    B = len(trajs)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T - 1, dtype=torch.bool)
+    old = torch.zeros(B, T - 1)
+    adv = torch.zeros(B, T - 1)
+    for b, t in enumerate(trajs):
+        n = len(t.ids)
+        ids[b, :n] = torch.tensor(t.ids)
+        mask[b, : n - 1] = torch.tensor(t.policy_mask[1:])
+        old[b, : n - 1] = torch.tensor(t.logprobs[1:])
+        if advs is not None:
+            for u, a in zip(t.turns, advs[b], strict=True):
+                adv[b, u.start - 1 : u.end - 1] = a  # position j predicts token j + 1
+    return {"input_ids": ids, "mask": mask, "old_logp": old, "adv": adv}
+
+
+def token_logprobs(model: LongMoE, ids: torch.Tensor) -> torch.Tensor:
+    """``log p(ids[:, j+1] | ids[:, :j+1])`` for every position: ``[B, T-1]`` (fp32)."""
+    logits = model(ids).logits[:, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+
+
+def rollout_summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    n = max(1, len(trajs))
+    return {
+        "reward": sum(t.reward for t in trajs) / n,
+        "success": sum(t.success for t in trajs) / n,
+        "malformed": sum(t.malformed for t in trajs) / n,
+        "truncated": sum(t.truncated for t in trajs) / n,
+        "turns": sum(len(t.turns) for t in trajs) / n,
+        "episode_tokens": sum(len(t.ids) for t in trajs) / n,
+        "policy_tokens": sum(t.policy_tokens for t in trajs) / n,
+    }
+
+
+class RLTrainer:
+    """Builds (or resumes) an RL run and trains it; ``fit()`` runs to ``steps``."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        cfg: RLConfig | None = None,
+        resume: bool = False,
+        max_steps: int | None = None,
+        env_factory: EnvFactory | None = None,
+    ) -> None:
+        """``max_steps``: stop (with a checkpoint) after that many steps in total; ``env_factory``:
+        build environments by horizon instead of ``make_env(cfg.env, ...)`` (tests)."""
+        self.run_dir = Path(run_dir)
+        self.max_steps = max_steps
+        if resume and (self.run_dir / RL_CONFIG).exists():
+            cfg = RLConfig.load(self.run_dir / RL_CONFIG)  # a resume never changes the run
+        if cfg is None:
+            raise ValueError(f"run {self.run_dir}: a new RL run needs an RLConfig")
+        self.cfg = cfg
+        restored = ckpt.load_latest(self.run_dir) if resume else None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ref_dir = self.run_dir / REFERENCE_DIR
+        if not ref_dir.exists():
+            if not cfg.init:
+                raise ValueError("init: expected the model directory or run to start RL from")
+            model, tok, _ = ckpt.load_model(cfg.init)
+            ckpt.save_model_dir(ref_dir, model, tok)
+            cfg.save(self.run_dir / RL_CONFIG)
+            tok.save(self.run_dir / TOKENIZER_FILE)
+        seed_everything(cfg.seed)
+        self.policy, self.tok, _ = ckpt.load_model(ref_dir)
+        self.reference = ckpt.load_model(ref_dir).model.eval().requires_grad_(False)
+        if cfg.freeze_router:  # before the optimizer: frozen routers are not in its groups
+            freeze_routing(self.policy)
+        self.opt = torch.optim.AdamW(param_groups(self.policy, cfg.weight_decay), lr=cfg.lr)
+        self.step = 0
+        if restored is not None:
+            path, state = restored
+            ckpt.load_weights(self.policy, path)
+            self.opt.load_state_dict(state["optimizer"])
+            set_rng_state(state["rng"])
+            self.step = int(state["step"])
+            log.info("resumed %s at step %d", self.run_dir, self.step)
+        self._truncate_metrics(self.step)
+        self.env_factory = env_factory or (lambda h: make_env(cfg.env, horizon=h, **cfg.env_args))
+        engine_cfg = EngineConfig(
+            max_batch=cfg.max_batch,
+            prefill_chunk=cfg.prefill_chunk,
+            max_context=max(cfg.max_episode_tokens + 1, 2),
+            cache_budget_bytes=4 << 30,
+            max_waiting=1 << 16,
+        )
+        self.engine = Engine(self.policy, self.tok, engine_cfg)  # serves the policy module itself
+
+    # ------------------------------------------------------------------ run files
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop log lines after ``step`` so a resumed run's log reads as one uninterrupted run."""
+        f = self.run_dir / ckpt.METRICS
+        if f.exists():
+            keep = [ln for ln in read_metrics_lines(f) if json.loads(ln).get("step", 0) <= step]
+            f.write_text("".join(ln + "\n" for ln in keep))
+
+    def log(self, rec: dict[str, Any]) -> None:
+        with open(self.run_dir / ckpt.METRICS, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    def save(self) -> Path:
+        state = {"step": self.step, "optimizer": self.opt.state_dict(), "rng": rng_state()}
+        return ckpt.save_checkpoint(
+            self.run_dir, self.step, self.policy, self.run_dir / TOKENIZER_FILE, state, self.cfg.keep_last
+        )
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # ------------------------------------------------------------------ one step
+    def rollouts(self) -> list[Trajectory]:
+        """The step's groups, played by the current policy (see the module docstring)."""
+        cfg = self.cfg
+        seeds = task_seeds(cfg.seed, self.step, cfg.tasks_per_step)
+        horizons = [
+            cfg.horizons[(self.step * cfg.tasks_per_step + i) % len(cfg.horizons)] for i in range(len(seeds))
+        ]
+        rcfg = RolloutConfig(
+            group_size=cfg.group_size,
+            max_turn_tokens=cfg.max_turn_tokens,
+            max_episode_tokens=cfg.max_episode_tokens,
+            temperature=cfg.temperature,
+            seed=cfg.seed * 1_000_003 + self.step,
+        )
+        self.policy.eval()
+        return collect(self.engine, lambda i: self.env_factory(horizons[i]), seeds, rcfg)
+
+    def advantages(self, trajs: Sequence[Trajectory]) -> list[list[float]]:
+        """Per trajectory, per turn: the advantage within its task's group."""
+        cfg = self.cfg
+        out: list[list[float]] = [[] for _ in trajs]
+        groups: dict[int, list[int]] = {}
+        for i, t in enumerate(trajs):
+            groups.setdefault(t.task, []).append(i)
+        for members in groups.values():
+            keys = [[u.state_key for u in trajs[i].turns] for i in members]
+            rewards = [trajs[i].reward for i in members]
+            advs = turn_advantages(keys, rewards, cfg.step_adv_weight, cfg.gamma, cfg.adv_std_norm)
+            for i, a in zip(members, advs, strict=True):
+                out[i] = a
+        return out
+
+    def update(self, trajs: Sequence[Trajectory], advs: Sequence[Sequence[float]]) -> dict[str, float]:
+        """The policy update on one step's rollouts; returns the mean loss parts and grad norm."""
+        cfg = self.cfg
+        keep = [i for i, t in enumerate(trajs) if t.policy_tokens]  # not an episode cut before a turn
+        trajs, advs = [trajs[i] for i in keep], [advs[i] for i in keep]
+        if not trajs:
+            return {}
+        mb = cfg.micro_batch
+        micro = [token_tensors(trajs[i : i + mb], advs[i : i + mb]) for i in range(0, len(trajs), mb)]
+        with torch.no_grad():
+            ref = [token_logprobs(self.reference, m["input_ids"]) for m in micro]
+        gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
+        sums: dict[str, float] = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio": 0.0}
+        n_opt, norms = 0, []
+        self.policy.train()
+        for _ in range(cfg.ppo_epochs):
+            order = torch.randperm(len(micro), generator=gen).tolist()
+            for part in (order[j :: cfg.minibatches] for j in range(cfg.minibatches)):
+                if not part:
+                    continue
+                if cfg.loss_norm == "token":
+                    total = float(sum(micro[k]["mask"].sum() for k in part))
+                else:
+                    total = float(sum((micro[k]["mask"].sum(1) > 0).sum() for k in part))
+                self.opt.zero_grad(set_to_none=True)
+                for k in part:
+                    m = micro[k]
+                    logp = token_logprobs(self.policy, m["input_ids"])
+                    lp = policy_loss(
+                        logp, m["old_logp"], ref[k] if cfg.kl_coef else None, m["adv"], m["mask"],
+                        cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.loss_norm,
+                    )  # fmt: skip
+                    size = m["mask"].sum() if cfg.loss_norm == "token" else (m["mask"].sum(1) > 0).sum()
+                    w = float(size) / max(total, 1.0)
+                    (lp.loss * w).backward()
+                    sums["loss"] += float(lp.loss.detach()) * w
+                    for key in ("pg", "kl", "clip_frac", "ratio"):
+                        sums[key] += getattr(lp, key) * w
+                clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+                norms.append(float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), clip)))
+                self.opt.step()
+                for layer in self.policy.moe_layers():
+                    layer.update_balance()
+                n_opt += 1
+        self.policy.eval()
+        if self.engine.prefix is not None:
+            self.engine.prefix.clear()  # snapshots hold the old weights' states
+        out = {k: v / max(n_opt, 1) for k, v in sums.items()}
+        out["grad_norm"] = sum(norms) / max(len(norms), 1)
+        return out
+
+    def drift(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:
+        """Routing drift of the policy from the reference on the policy tokens of a few trajectories."""
+        sample = [t for t in trajs if t.policy_tokens][: self.cfg.drift_trajectories]
+        if not sample or not self.policy.moe_layers():
+            return {}
+        m = token_tensors(sample)
+        mask = torch.cat([m["mask"], torch.zeros(len(sample), 1, dtype=torch.bool)], 1)  # per input token
+        return measure_drift(self.policy, self.reference, {"input_ids": m["input_ids"]}, mask).record()
+
+    def train_step(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        trajs = self.rollouts()
+        t1 = time.perf_counter()
+        advs = self.advantages(trajs)
+        parts = self.update(trajs, advs)
+        t2 = time.perf_counter()
+        self.step += 1
+        n_tok = sum(len(t.ids) for t in trajs)
+        rec: dict[str, Any] = {"step": self.step, **rollout_summary(trajs), **parts}
+        rec["adv_abs"] = sum(abs(a) for ad in advs for a in ad) / max(1, sum(len(a) for a in advs))
+        every = self.cfg.drift_every
+        if every and self.step % every == 0:
+            rec.update(self.drift(trajs))
+        rec.update(rollout_s=round(t1 - t0, 3), update_s=round(t2 - t1, 3))
+        rec["rollout_tok_s"] = round(n_tok / max(t1 - t0, 1e-9), 1)
+        return rec
+
+    def fit(self) -> dict[str, Any]:
+        """Train to ``cfg.steps`` (or ``max_steps``); checkpoints as configured; ``final/`` at the end."""
+        cfg, last = self.cfg, {}
+        end = cfg.steps if self.max_steps is None else min(cfg.steps, self.max_steps)
+        try:
+            while self.step < end:
+                last = self.train_step()
+                self.log(last)
+                log.info("rl step %d: reward %.3f kl %.4f", self.step, last["reward"], last.get("kl", 0.0))
+                if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and self.step < end:
+                    self.save()
+            self.save()
+            if self.step >= cfg.steps:
+                ckpt.save_model_dir(self.run_dir / ckpt.FINAL_DIR, self.policy, self.tok)
+        finally:
+            self.close()
+        return last
