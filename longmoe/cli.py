@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("longmoe.serve.cli_chat", "interactive chat REPL using the tokenizer's chat template"),
     "serve": ("longmoe.serve.cli_serve", "OpenAI-compatible HTTP server"),
     "eval": ("longmoe.eval.cli", "long-context evaluation (niah, multihop, conflict, recall, ppl)"),
+    "rl": ("longmoe.rl.cli", "agentic RL (rollouts through the engine, GiGPO-style advantages, PPO + KL)"),
     "convert": ("longmoe.interop.cli", "convert transformers Kimi-Linear checkpoints to longmoe and back"),
 }
 

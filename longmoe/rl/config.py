@@ -29,14 +29,14 @@ class RLConfig(JsonConfig):
     max_turn_tokens: int = 48  # tokens an assistant turn may generate
     max_episode_tokens: int = 1024  # a trajectory's token limit (longer: truncated, reward 0)
     temperature: float = 1.0  # rollout sampling temperature
-    lr: float = 5e-5
-    weight_decay: float = 0.0
+    lr: float = 5e-5  # AdamW learning rate (constant)
+    weight_decay: float = 0.0  # AdamW weight decay on matrices
     grad_clip: float = 1.0  # 0 disables clipping
     ppo_epochs: int = 1  # passes over a step's rollouts
     minibatches: int = 1  # optimizer steps per pass
     micro_batch: int = 8  # trajectories per forward (gradient accumulation; the loss is unchanged)
     clip_low: float = 0.2  # PPO: ratio clipped to [1 - clip_low, 1 + clip_high]
-    clip_high: float = 0.28
+    clip_high: float = 0.28  # (asymmetric: a higher ceiling keeps rare good tokens rising, as DAPO)
     kl_coef: float = 0.02  # weight of the k3 KL to the frozen reference (0: no KL term)
     step_adv_weight: float = 1.0  # ω: weight of the step-wise (GiGPO) advantage (0: episode only)
     gamma: float = 0.95  # discount of the terminal reward over turns (step-wise returns)
@@ -47,7 +47,7 @@ class RLConfig(JsonConfig):
     drift_trajectories: int = 4  # trajectories of the step's rollouts the drift is measured on
     seed: int = 0  # task seeds and sampling seeds derive from it and the step
     ckpt_every: int = 10  # steps between checkpoints (0: only at the end)
-    keep_last: int = 2
+    keep_last: int = 2  # complete checkpoints kept
     max_batch: int = 64  # engine: episodes decoding at once
     prefill_chunk: int = 512  # engine: prompt tokens per scheduler step
 

@@ -69,7 +69,7 @@ def test_resume_equals_uninterrupted(init_dir, tmp_path):
     a = tmp_path / "a"
     RLTrainer(a, config(init_dir, max_batch=1), env_factory=fake).fit()
     b = tmp_path / "b"
-    RLTrainer(b, config(init_dir, max_batch=1), max_steps=2, env_factory=fake).fit()  # stops with a checkpoint at 2
+    RLTrainer(b, config(init_dir, max_batch=1), max_steps=2, env_factory=fake).fit()  # checkpoint at 2
     assert [p.name for p in list_checkpoints(b)][-1] == "step-00000002"
     with open(b / METRICS, "a") as f:
         f.write(json.dumps({"step": 3, "stale": True}) + "\n")  # a line the crashed run wrote after
