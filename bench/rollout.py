@@ -1,0 +1,152 @@
+"""Rollout throughput: multi-turn episodes through the engine with kept-cache sessions vs re-prefilling.
+
+Each episode alternates a sampled assistant turn (up to ``TURN`` tokens) and a tool observation of
+``OBS`` tokens for ``TURNS`` turns, so a trajectory grows to thousands of tokens. Three ways to run
+the same episodes (same seeds, so the same tokens; checked), at 1, 8 and 32 concurrent episodes:
+
+- **session**: each episode keeps its cache row across turns (``serve/session.py``); a turn prefills
+  only its observation;
+- **prefix**: each turn resubmits the whole trajectory and the prefix cache restores the longest
+  block-aligned snapshot (what "snapshot at the end of generation" would approach);
+- **re-prefill**: each turn resubmits the whole trajectory and prefills it from scratch.
+
+Reported: trajectory tokens per second (every token of every finished trajectory / wall time),
+generated tokens per second, prompt tokens the engine actually prefilled, and the speed-up of
+sessions over re-prefilling. Model: tiny-preset shapes, random weights, fp32, CPU; the episode
+environment accepts any turn (throughput does not depend on what the turns say).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import torch
+
+from bench.common import markdown_table, write_results
+from longmoe.agent.rollout import RolloutConfig, collect
+from longmoe.config import preset
+from longmoe.data.chat import AssistantTurn
+from longmoe.data.tokenizer import tokenizer_for_tests
+from longmoe.envs.base import StepResult
+from longmoe.model import LongMoE
+from longmoe.serve.engine import Engine, EngineConfig
+
+MODES = ("session", "prefix", "re-prefill")
+
+
+class EchoEnv:
+    """``turns`` turns, each answered by an observation of about ``obs_words`` words."""
+
+    name = "echo"
+    tools: list = []
+
+    def __init__(self, turns: int, obs_words: int) -> None:
+        self.n, self.words = turns, obs_words
+
+    def reset(self, seed: int) -> list[dict]:
+        self.seed, self.t = seed, 0
+        return [{"role": "system", "content": "bench"}, {"role": "user", "content": f"task {seed}"}]
+
+    def step(self, turn: AssistantTurn) -> StepResult:
+        self.t += 1
+        if self.t >= self.n:
+            return StepResult([], True, 0.0, {"success": False, "malformed": 0})
+        text = " ".join(f"w{(self.seed * 31 + self.t * 7 + i) % 997}" for i in range(self.words))
+        return StepResult([{"role": "tool", "content": text}], False)
+
+    def state_key(self) -> str:
+        return str(self.t)
+
+    def expert(self) -> AssistantTurn:
+        return AssistantTurn("")
+
+    @property
+    def horizon(self) -> int:
+        return self.n
+
+
+def engine(mode: str, max_ctx: int) -> Engine:
+    torch.manual_seed(0)
+    cfg = preset("tiny").replace(max_seq_len=max_ctx)
+    opts = EngineConfig(
+        cache_budget_bytes=8 << 30, prefill_chunk=512, max_batch=32, prefix_cache=mode == "prefix",
+        max_context=max_ctx,
+    )  # fmt: skip
+    return Engine(LongMoE(cfg), tokenizer_for_tests(cfg.vocab_size), opts)
+
+
+def run_mode(mode: str, n_eps: int, turns: int, obs_words: int, turn_tokens: int, max_ctx: int) -> dict:
+    rcfg = RolloutConfig(
+        group_size=1, max_turn_tokens=turn_tokens, max_episode_tokens=max_ctx - 1,
+        sessions=mode == "session", seed=1,
+    )  # fmt: skip
+    with engine(mode, max_ctx) as e:
+        collect(e, lambda i: EchoEnv(2, 8), [0], rcfg)  # warm-up
+        before = e.stats()
+        t0 = time.perf_counter()
+        trajs = collect(e, lambda i: EchoEnv(turns, obs_words), list(range(n_eps)), rcfg)
+        wall = time.perf_counter() - t0
+        after = e.stats()
+    tokens = sum(len(t.ids) for t in trajs)
+    gen = sum(t.policy_tokens for t in trajs)
+    prefilled = sum(u.prefilled for t in trajs for u in t.turns)
+    assert after["prompt_tokens"] >= before["prompt_tokens"]
+    return {
+        "mode": mode,
+        "episodes": n_eps,
+        "wall_s": wall,
+        "tokens": tokens,
+        "generated": gen,
+        "prefilled": prefilled,
+        "tok_s": tokens / wall,
+        "gen_tok_s": gen / wall,
+        "ids": [t.ids for t in trajs],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short episodes, 1 and 8 episodes (a minute)")
+    ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README table")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    turns, obs_words, turn_tokens = (4, 60, 16) if args.quick else (8, 150, 24)
+    concurrency = [1, 8] if args.quick else [1, 8, 32]
+    max_ctx = 8192
+    rows, results = [], []
+    with torch.inference_mode():
+        for n in concurrency:
+            by_mode = {m: run_mode(m, n, turns, obs_words, turn_tokens, max_ctx) for m in MODES}
+            ref = by_mode["session"]["ids"]
+            for m in MODES:
+                assert by_mode[m]["ids"] == ref, f"{m} rollouts differ from the session rollouts at {n}"
+            base = by_mode["re-prefill"]["tok_s"]
+            for m in MODES:
+                r = by_mode[m]
+                r.pop("ids")
+                r["speedup_vs_reprefill"] = r["tok_s"] / base
+                results.append(r)
+                rows.append([n, m, r["tokens"] // n, r["prefilled"], r["wall_s"], r["tok_s"], r["gen_tok_s"],
+                             r["speedup_vs_reprefill"]])  # fmt: skip
+    header = ["episodes", "mode", "tokens/episode", "prefilled tokens", "wall s", "trajectory tok/s",
+              "generated tok/s", "× re-prefill"]  # fmt: skip
+    table = markdown_table(header, rows)
+    table += (
+        f"\n\n{turns} turns per episode (≤ {turn_tokens} sampled tokens each, observations of {obs_words}"
+        f" words); identical tokens in every mode (asserted). CPU, fp32, {torch.get_num_threads()} "
+        "thread(s), shared machine; tiny-preset shapes, random weights."
+    )
+    name = "rollout_quick" if args.quick else "rollout"
+    cfg = {"turns": turns, "obs_words": obs_words, "turn_tokens": turn_tokens, "quick": args.quick}
+    write_results(
+        name, {"config": cfg, "rows": results}, table, update_readme=not (args.no_readme or args.quick)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
