@@ -1,0 +1,119 @@
+"""The agent recipe's report: success by horizon (with standard errors), the RL gain over SFT at the
+horizons where SFT is neither near 0 nor near 1, the ablation rows (with KL and routing drift from
+their RL logs), ``success.png``; written to ``RUN/report.md`` and ``RUN/report.json``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from longmoe.pipelines.agent.config import AgentRecipeConfig
+from longmoe.train.plots import _plt, read_metrics
+
+MAIN = ("pretrained", "sft", "sft+rl")
+TARGET_GAIN = 0.10  # RL over SFT, absolute, at a horizon where SFT is in MID
+MID = (0.1, 0.9)
+
+
+def _pm(p: float, se: float) -> str:
+    return f"{100 * p:.1f} ± {100 * se:.1f}"
+
+
+def pooled(rows: list[dict[str, Any]]) -> tuple[float, float, int]:
+    """Success over all horizons together: rate, standard error, episodes."""
+    n = sum(r["episodes"] for r in rows)
+    p = sum(r["success"] * r["episodes"] for r in rows) / max(n, 1)
+    return p, math.sqrt(p * (1 - p) / max(n, 1)), n
+
+
+def rl_summary(run: Path) -> dict[str, Any]:
+    """The last few RL steps' mean KL, drift, reward, and the run's step count."""
+    recs = read_metrics(run) if run.exists() else []
+    tail = recs[-5:]
+    mean = lambda k: sum(r[k] for r in tail if k in r) / max(1, sum(k in r for r in tail))
+    return {
+        "steps": recs[-1]["step"] if recs else 0,
+        "reward_first": recs[0]["reward"] if recs else float("nan"),
+        "reward_last5": mean("reward"),
+        "kl_last5": mean("kl"),
+        "drift_changed_last5": mean("drift_changed_mean"),
+        "drift_load_tv_last5": mean("drift_load_tv_mean"),
+    }
+
+
+def plot_success(evals: dict[str, list[dict]], out: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in [m for m in evals if m in MAIN or m.startswith("sft+rl:")]:
+        rows = evals[name]
+        h = [r["horizon"] for r in rows]
+        ax.errorbar(h, [r["success"] for r in rows], yerr=[r["stderr"] for r in rows], marker="o",
+                    capsize=3, label=name, linestyle="-" if name in MAIN else ":")  # fmt: skip
+    ax.set_xlabel("required tool calls (horizon)")
+    ax.set_ylabel("held-out success")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]]) -> dict[str, Any]:
+    horizons = cfg.eval_horizons
+    lines = [f"# Agent recipe ({cfg.env}, env_args {json.dumps(cfg.env_args)})", ""]
+    lines += ["## Held-out success by horizon (%, ± standard error)", ""]
+    lines += [
+        "| model | " + " | ".join(f"h={h}" for h in horizons) + " | all (n) | malformed | tokens/episode |"
+    ]
+    lines += ["|" + "---|" * (len(horizons) + 4)]
+    for name, rows in evals.items():
+        p, se, n = pooled(rows)
+        cells = [_pm(r["success"], r["stderr"]) for r in rows]
+        bad = sum(r["malformed"] * r["episodes"] for r in rows) / n
+        tok = sum(r["tokens_per_episode"] * r["episodes"] for r in rows) / n
+        lines.append(
+            f"| {name} | " + " | ".join(cells) + f" | {_pm(p, se)} ({n}) | {100 * bad:.1f} | {tok:.0f} |"
+        )
+    gains = []
+    if "sft" in evals and "sft+rl" in evals:
+        for a, b in zip(evals["sft"], evals["sft+rl"], strict=True):
+            if MID[0] <= a["success"] <= MID[1]:
+                g = b["success"] - a["success"]
+                gains.append({"horizon": a["horizon"], "sft": a["success"], "rl": b["success"], "gain": g,
+                              "stderr": math.sqrt(a["stderr"] ** 2 + b["stderr"] ** 2)})  # fmt: skip
+    met = any(g["gain"] >= TARGET_GAIN for g in gains)
+    lines += [
+        "",
+        f"## RL over SFT where SFT success is in [{MID[0]}, {MID[1]}] "
+        f"(target: +{100 * TARGET_GAIN:.0f} points)",
+        "",
+    ]
+    lines += ["| horizon | SFT | SFT+RL | gain (points, ± se) |", "|---|---|---|---|"]
+    for g in gains:
+        lines.append(f"| {g['horizon']} | {100 * g['sft']:.1f} | {100 * g['rl']:.1f} | "
+                     f"{100 * g['gain']:+.1f} ± {100 * g['stderr']:.1f} |")  # fmt: skip
+    lines += ["", f"Target met: **{'yes' if met else 'no'}**.", ""]
+    runs = {"sft+rl": root / "rl", **{f"sft+rl:{a}": root / f"rl_{a}" for a in cfg.ablations}}
+    summaries = {k: rl_summary(v) for k, v in runs.items()}
+    lines += ["## Ablations (each a full RL run from the same SFT model, one field changed)", ""]
+    lines += ["| run | held-out success (all) | RL reward first → last 5 | KL (last 5) | "
+              "drift: changed top-k | drift: load TV |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for name, s in summaries.items():
+        if name not in evals:
+            continue
+        p, se, n = pooled(evals[name])
+        lines.append(
+            f"| {name} | {_pm(p, se)} ({n}) | {s['reward_first']:.3f} → {s['reward_last5']:.3f} | "
+            f"{s['kl_last5']:.4f} | {s['drift_changed_last5']:.4f} | {s['drift_load_tv_last5']:.4f} |"
+        )
+    lines += ["", "Curves: `rl/rl_curves.png` (reward, success, KL, drift, episode length); success vs "
+              "horizon: `success.png`.", ""]  # fmt: skip
+    plot_success(evals, root / "success.png")
+    data = {"config": cfg.to_dict(), "evals": evals, "gains": gains, "target_met": met, "rl": summaries}
+    (root / "report.json").write_text(json.dumps(data, indent=1) + "\n")
+    (root / "report.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return data

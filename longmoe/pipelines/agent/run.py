@@ -1,0 +1,134 @@
+"""The agent recipe, stage by stage; every stage is skipped when its output exists (resumable).
+
+1. **pretrain** a tiny model (the ``tiny`` preset) on 256-token windows of the embedded corpus;
+2. **SFT** (``train/sft.py``) on the environment's expert demonstrations, loss on assistant tokens;
+3. **RL** (``rl/trainer.py``) from the SFT model; plus one RL run per ablation (``ABLATIONS``);
+4. **evaluate** every model on held-out tasks by horizon (``agent/evaluate.py``), through the engine;
+5. **report**: ``RUN/report.md`` + ``report.json`` (tables with standard errors), ``success.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from longmoe import checkpoint as ckpt
+from longmoe.agent.evaluate import success_by_horizon
+from longmoe.config import preset
+from longmoe.data.stages import CurriculumStage
+from longmoe.envs import make_env
+from longmoe.pipelines.agent.config import ABLATIONS, AgentRecipeConfig
+from longmoe.pipelines.agent.report import write_report
+from longmoe.rl.config import RLConfig
+from longmoe.rl.plots import render as render_rl
+from longmoe.rl.trainer import RLTrainer
+from longmoe.serve.engine import Engine
+from longmoe.train.config import TrainConfig
+from longmoe.train.pretrain import Trainer, train_tokenizer
+from longmoe.train.sft import SFTConfig, SFTTrainer, sft_stage
+
+log = logging.getLogger(__name__)
+RECIPE_CONFIG = "recipe_config.json"
+EVALS = "evals.json"  # RUN/evals.json: model name -> per-horizon results (filled as they finish)
+
+
+def _say(msg: str) -> None:
+    print(f"[agent] {time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+def pretrain(cfg: AgentRecipeConfig, root: Path) -> Path:
+    run = root / "pretrain"
+    if (run / ckpt.FINAL_DIR).exists():
+        return run / ckpt.FINAL_DIR
+    _say("pretraining")
+    if (run / ckpt.CONFIG_FILE).exists():
+        tr = Trainer(run, resume=True, progress=False)
+    else:
+        mcfg = preset("tiny")
+        stage = CurriculumStage("pretrain-256", window=256, tokens=cfg.pretrain_tokens,
+                                batch_size=cfg.pretrain_batch, mix={"file": 1.0})  # fmt: skip
+        tcfg = TrainConfig(stages=[stage], seed=cfg.seed, eval_every=0, ckpt_every=50, val_windows=2)
+        tr = Trainer(run, mcfg, tcfg, train_tokenizer(mcfg.vocab_size), progress=False)
+    tr.fit()
+    return run / ckpt.FINAL_DIR
+
+
+def sft(cfg: AgentRecipeConfig, root: Path, init: Path) -> Path:
+    run = root / "sft"
+    if (run / ckpt.FINAL_DIR).exists():
+        return run / ckpt.FINAL_DIR
+    _say("SFT")
+    if (run / "sft_config.json").exists():
+        tr = SFTTrainer(run, resume=True, progress=False)
+    else:
+        scfg = SFTConfig(
+            init_from=str(init), envs={cfg.env: 1.0}, horizons=list(cfg.sft_horizons),
+            env_options={cfg.env: dict(cfg.env_args)}, max_len=1024, drift_every=25,
+        )  # fmt: skip
+        stage = sft_stage(cfg.sft_steps, cfg.sft_batch, 0.1, 256, {"file": 1.0})
+        tcfg = TrainConfig(stages=[stage], lr=cfg.sft_lr, warmup_steps=10, seed=cfg.seed, eval_every=0,
+                           ckpt_every=100, val_windows=2)  # fmt: skip
+        tr = SFTTrainer(run, scfg, tcfg, progress=False)
+    tr.fit()
+    return run / ckpt.FINAL_DIR
+
+
+def rl(cfg: AgentRecipeConfig, root: Path, init: Path, name: str, changes: dict[str, Any]) -> Path:
+    run = root / name
+    if (run / ckpt.FINAL_DIR).exists():
+        return run / ckpt.FINAL_DIR
+    _say(f"RL run {name}")
+    fields = {**cfg.rl, **changes, "init": str(init), "env": cfg.env, "env_args": dict(cfg.env_args)}
+    fields.setdefault("seed", cfg.seed)
+    RLTrainer(run, RLConfig(**fields), resume=True).fit()
+    render_rl(run)
+    return run / ckpt.FINAL_DIR
+
+
+def evaluate(cfg: AgentRecipeConfig, root: Path, name: str, model_dir: Path, episodes: int) -> list[dict]:
+    """Held-out success by horizon (cached in ``RUN/evals.json``)."""
+    path = root / EVALS
+    done = json.loads(path.read_text()) if path.exists() else {}
+    if name in done:
+        return done[name]
+    _say(f"evaluating {name} ({episodes} episodes x {len(cfg.eval_horizons)} horizons)")
+    rl_cfg = RLConfig(**{k: v for k, v in cfg.rl.items() if k in ("max_turn_tokens", "max_episode_tokens")})
+    opts = {"max_batch": 64, "cache_budget_bytes": 4 << 30, "max_waiting": 1 << 16,
+            "max_context": rl_cfg.max_episode_tokens + 1}  # fmt: skip
+    with Engine.from_dir(model_dir, **opts) as engine:
+        rows = success_by_horizon(
+            engine, lambda h: make_env(cfg.env, horizon=h, **cfg.env_args), cfg.eval_horizons, episodes,
+            cfg.eval_temperature, rl_cfg.max_turn_tokens, rl_cfg.max_episode_tokens, seed=cfg.seed,
+        )  # fmt: skip
+    done[name] = [r.to_dict() for r in rows]
+    path.write_text(json.dumps(done, indent=1) + "\n")
+    return done[name]
+
+
+def run_recipe(cfg: AgentRecipeConfig) -> dict[str, Any]:
+    """Run (or resume) every stage; returns the report's data."""
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    root = Path(cfg.run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    saved = root / RECIPE_CONFIG
+    if saved.exists():
+        cfg = AgentRecipeConfig.load(saved)  # a resumed recipe keeps its settings
+    else:
+        cfg.save(saved)
+    t0 = time.perf_counter()
+    base = pretrain(cfg, root)
+    tuned = sft(cfg, root, base)
+    models = {"pretrained": base, "sft": tuned, "sft+rl": rl(cfg, root, tuned, "rl", {})}
+    for name in cfg.ablations:
+        models[f"sft+rl:{name}"] = rl(cfg, root, tuned, f"rl_{name}", ABLATIONS[name])
+    evals = {}
+    for name, path in models.items():
+        n = cfg.eval_episodes if ":" not in name else cfg.ablation_eval_episodes
+        evals[name] = evaluate(cfg, root, name, path, n)
+    _say(f"done in {time.perf_counter() - t0:.0f} s; writing the report")
+    return write_report(cfg, root, evals)
