@@ -1,0 +1,60 @@
+"""The agent recipe's config and report: ablations are validated, the RL-over-SFT gain is computed only
+at horizons where SFT is neither near 0 nor near 1, pooled success has the right standard error, and
+the report files and plot are written. (The stages themselves are the tested trainers and rollouts;
+``python -m longmoe.pipelines.agent --quick`` runs them all end to end.)"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from longmoe.pipelines.agent.config import AgentRecipeConfig
+from longmoe.pipelines.agent.report import pooled, write_report
+
+
+def rows(ps: list[float], n: int = 100) -> list[dict]:
+    return [
+        {"horizon": h, "episodes": n, "success": p, "stderr": math.sqrt(p * (1 - p) / n), "malformed": 0.1,
+         "tool_call_validity": 0.9, "tokens_per_episode": 200.0, "turns_per_episode": 3.0}
+        for h, p in zip([1, 2, 3], ps, strict=True)
+    ]  # fmt: skip
+
+
+def test_config_validates_and_quick_is_small():
+    with pytest.raises(ValueError, match="ablations"):
+        AgentRecipeConfig(ablations=["no_such"])
+    q = AgentRecipeConfig.quick()
+    assert q.sft_steps < AgentRecipeConfig().sft_steps and q.rl["steps"] < AgentRecipeConfig().rl["steps"]
+
+
+def test_pooled_success():
+    p, se, n = pooled(rows([0.2, 0.5, 0.8]))
+    assert n == 300 and p == pytest.approx(0.5) and se == pytest.approx(math.sqrt(0.25 / 300))
+
+
+def test_report_gain_only_where_sft_is_mid(tmp_path):
+    cfg = AgentRecipeConfig(run_dir=str(tmp_path), eval_horizons=[1, 2, 3], ablations=["no_kl"])
+    evals = {
+        "pretrained": rows([0.0, 0.0, 0.0]),
+        "sft": rows([0.95, 0.5, 0.05]),  # only h=2 is in [0.1, 0.9]
+        "sft+rl": rows([0.97, 0.65, 0.1]),
+        "sft+rl:no_kl": rows([0.9, 0.6, 0.1]),
+    }
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "reward": 0.1 * s, "kl": 0.01, "drift_changed_mean": 0.02}) + "\n"
+            for s in (1, 2)
+        )  # fmt: skip
+    )
+    data = write_report(cfg, tmp_path, evals)
+    assert [g["horizon"] for g in data["gains"]] == [2]
+    assert data["gains"][0]["gain"] == pytest.approx(0.15) and data["target_met"]
+    assert data["rl"]["sft+rl"]["steps"] == 2 and data["rl"]["sft+rl"]["kl_last5"] == pytest.approx(0.01)
+    md = (tmp_path / "report.md").read_text()
+    assert "Target met: **yes**" in md and "| sft+rl:no_kl |" in md
+    assert (tmp_path / "success.png").exists() and (tmp_path / "report.json").exists()
+    evals["sft+rl"] = rows([0.97, 0.55, 0.1])  # +5 points: not met
+    assert not write_report(cfg, tmp_path, evals)["target_met"]
