@@ -60,7 +60,9 @@ from longmoe.serve.request import (
     Event,
     Request,
     RequestHandle,
+    check_ids,
     check_lengths,
+    plain_greedy,
 )
 from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice, sample
 from longmoe.serve.session import Session, Sessions
@@ -150,14 +152,7 @@ class Engine:
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, bos=self.cfg.add_bos)
-        if not isinstance(prompt, list | tuple) or any(
-            isinstance(t, bool) or not isinstance(t, int) for t in prompt
-        ):
-            raise EngineError("prompt", "expected a string or a list of token ids")
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise EngineError("prompt", f"token ids must be in [0, {self.vocab_size}), got {bad[:5]}")
-        return list(prompt)
+        return check_ids(prompt, self.vocab_size)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Chat messages -> prompt ids via the tokenizer's template, ending in ``<|assistant|>\\n``."""
@@ -198,13 +193,7 @@ class Engine:
         if not params.ignore_eos:
             stop_ids |= {self.tokenizer.eos_id, self.tokenizer.end_id}
         req = Request(next(self._ids), ids, params, sink, stop_ids=frozenset(stop_ids), session=session)
-        req.plain_greedy = (
-            params.greedy
-            and params.repetition_penalty == 1.0
-            and not (params.frequency_penalty or params.presence_penalty)
-            and not (params.logprobs or params.top_logprobs)
-            and params.constraint is None
-        )
+        req.plain_greedy = plain_greedy(params)
         req.sampler = SamplerState(params, ids, self.vocab_size, self.device)
         req.detok = IncrementalDetokenizer(self.tokenizer)
         with self._cv:

@@ -132,6 +132,29 @@ class Request:
         )
 
 
+def check_ids(prompt: object, vocab_size: int) -> list[int]:
+    """``prompt`` as a list of token ids in ``[0, vocab_size)``, or ``EngineError``."""
+    if not isinstance(prompt, list | tuple) or any(
+        isinstance(t, bool) or not isinstance(t, int) for t in prompt
+    ):
+        raise EngineError("prompt", "expected a string or a list of token ids")
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise EngineError("prompt", f"token ids must be in [0, {vocab_size}), got {bad[:5]}")
+    return list(prompt)
+
+
+def plain_greedy(p: SamplingParams) -> bool:
+    """Whether the argmax of the raw logits picks the token (the batched greedy fast path)."""
+    return (
+        p.greedy
+        and p.repetition_penalty == 1.0
+        and not (p.frequency_penalty or p.presence_penalty)
+        and not (p.logprobs or p.top_logprobs)
+        and p.constraint is None
+    )
+
+
 def check_lengths(n_prompt: int, max_tokens: int, max_context: int, budget: CacheBudget) -> None:
     """Raise ``EngineError`` unless a prompt of ``n_prompt`` tokens + ``max_tokens`` fits the context
     window and the whole cache budget."""
