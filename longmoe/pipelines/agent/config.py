@@ -33,7 +33,7 @@ class AgentRecipeConfig(JsonConfig):
     # 3. RL (the main run; the ablations change one field each, ABLATIONS)
     rl: dict[str, Any] = field(
         default_factory=lambda: {
-            "steps": 30, "tasks_per_step": 8, "group_size": 8, "horizons": [2, 3, 4], "lr": 2e-4,
+            "steps": 20, "tasks_per_step": 8, "group_size": 8, "horizons": [2, 3, 4], "lr": 2e-4,
             "kl_coef": 0.02, "max_turn_tokens": 40, "max_episode_tokens": 768, "micro_batch": 16,
             "minibatches": 2, "ckpt_every": 10,
         }

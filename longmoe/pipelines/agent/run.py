@@ -3,7 +3,8 @@
 1. **pretrain** a tiny model (the ``tiny`` preset) on 256-token windows of the embedded corpus;
 2. **SFT** (``train/sft.py``) on the environment's expert demonstrations, loss on assistant tokens;
 3. **RL** (``rl/trainer.py``) from the SFT model; plus one RL run per ablation (``ABLATIONS``);
-4. **evaluate** every model on held-out tasks by horizon (``agent/evaluate.py``), through the engine;
+4. **evaluate** each model on held-out tasks by horizon (``agent/evaluate.py``, through the engine)
+   as soon as it exists (``RUN/evals.json``), so a run cut short still has its first rows;
 5. **report**: ``RUN/report.md`` + ``report.json`` (tables with standard errors), ``success.png``.
 """
 
@@ -121,14 +122,14 @@ def run_recipe(cfg: AgentRecipeConfig) -> dict[str, Any]:
     else:
         cfg.save(saved)
     t0 = time.perf_counter()
+    evals = {}  # each model is evaluated as soon as it exists, so a cut run still reports what it has
     base = pretrain(cfg, root)
+    evals["pretrained"] = evaluate(cfg, root, "pretrained", base, cfg.eval_episodes)
     tuned = sft(cfg, root, base)
-    models = {"pretrained": base, "sft": tuned, "sft+rl": rl(cfg, root, tuned, "rl", {})}
+    evals["sft"] = evaluate(cfg, root, "sft", tuned, cfg.eval_episodes)
+    evals["sft+rl"] = evaluate(cfg, root, "sft+rl", rl(cfg, root, tuned, "rl", {}), cfg.eval_episodes)
     for name in cfg.ablations:
-        models[f"sft+rl:{name}"] = rl(cfg, root, tuned, f"rl_{name}", ABLATIONS[name])
-    evals = {}
-    for name, path in models.items():
-        n = cfg.eval_episodes if ":" not in name else cfg.ablation_eval_episodes
-        evals[name] = evaluate(cfg, root, name, path, n)
+        path = rl(cfg, root, tuned, f"rl_{name}", ABLATIONS[name])
+        evals[f"sft+rl:{name}"] = evaluate(cfg, root, f"sft+rl:{name}", path, cfg.ablation_eval_episodes)
     _say(f"done in {time.perf_counter() - t0:.0f} s; writing the report")
     return write_report(cfg, root, evals)
