@@ -133,3 +133,12 @@ def run_recipe(cfg: AgentRecipeConfig) -> dict[str, Any]:
         evals[f"sft+rl:{name}"] = evaluate(cfg, root, f"sft+rl:{name}", path, cfg.ablation_eval_episodes)
     _say(f"done in {time.perf_counter() - t0:.0f} s; writing the report")
     return write_report(cfg, root, evals)
+
+
+def report_so_far(cfg: AgentRecipeConfig) -> dict[str, Any]:
+    """The report from ``RUN/evals.json`` as it stands (a run still going, or cut short)."""
+    root = Path(cfg.run_dir)
+    if (root / RECIPE_CONFIG).exists():
+        cfg = AgentRecipeConfig.load(root / RECIPE_CONFIG)
+    evals = json.loads((root / EVALS).read_text()) if (root / EVALS).exists() else {}
+    return write_report(cfg, root, evals)
