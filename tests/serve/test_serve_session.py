@@ -117,3 +117,13 @@ def test_one_request_at_a_time(model_dir):
             e.submit([1, 2], GREEDY, session=s)
         h.result()
         e.generate([1, 2], GREEDY, session=s)  # fine once the first has finished
+
+
+def test_close_while_in_flight_drops_the_row_when_it_finishes(model_dir):
+    with Engine.from_dir(model_dir, prefill_chunk=16) as e:
+        s = e.open_session()
+        h = e.submit(ids(10, 1), SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True), session=s)
+        e.close_session(s)
+        assert len(h.result().token_ids) == 12  # the running request completes
+        e.generate([5], SamplingParams(max_tokens=1))
+        assert s.cache is None and not e.sessions.idle and e.budget.reserved_bytes == 0
