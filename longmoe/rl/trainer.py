@@ -10,9 +10,10 @@ One RL step:
 2. **advantages** per group (``rl.advantage``): episode-level group-relative plus ``ω`` times the
    step-wise advantage of turns taken from the same environment state;
 3. **update**: the reference's log-probs of the sampled tokens (one no-grad forward of the frozen
-   starting model), then ``ppo_epochs`` passes of ``minibatches`` optimizer steps over the rollouts,
-   each accumulating micro-batches of ``micro_batch`` trajectories, on the clipped loss with the
-   k3 KL (``rl.loss``), normalised over all policy tokens of the minibatch;
+   starting model; the KL is logged even when ``kl_coef`` is 0), then ``ppo_epochs`` passes of
+   ``minibatches`` optimizer steps over the rollouts, each accumulating micro-batches of
+   ``micro_batch`` trajectories, on the clipped loss with the k3 KL (``rl.loss``), normalised over
+   all policy tokens of the minibatch;
 4. **metrics** (``RUN/metrics.jsonl``): reward, success, malformed and truncated shares, episode
    length, KL, clip share, grad norm, routing drift vs the reference on the step's policy tokens.
 
@@ -239,7 +240,7 @@ class RLTrainer:
                     m = micro[k]
                     logp = token_logprobs(self.policy, m["input_ids"])
                     lp = policy_loss(
-                        logp, m["old_logp"], ref[k] if cfg.kl_coef else None, m["adv"], m["mask"],
+                        logp, m["old_logp"], ref[k], m["adv"], m["mask"],
                         cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.loss_norm,
                     )  # fmt: skip
                     size = m["mask"].sum() if cfg.loss_norm == "token" else (m["mask"].sum(1) > 0).sum()

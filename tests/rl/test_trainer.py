@@ -53,12 +53,15 @@ def test_token_tensors_shift_masks_and_advantages():
     assert m["adv"][0].tolist() == [0, 0.5, 0.5, 0, -1.0, -1.0]
 
 
-def test_one_step_logs_metrics_and_kl_starts_at_zero(init_dir, tmp_path):
-    tr = RLTrainer(tmp_path / "run", config(init_dir, steps=1, minibatches=1), env_factory=fake)
-    rec = tr.fit()
-    assert rec["step"] == 1 and 0.0 <= rec["reward"] <= 1.0 and rec["turns"] == pytest.approx(3.0)
-    assert rec["kl"] == pytest.approx(0.0, abs=1e-6)  # the first update starts at the reference
-    assert rec["ratio"] == pytest.approx(1.0, abs=1e-2)  # rollout logprobs = the policy's
+def test_steps_log_metrics_kl_starts_at_zero_and_rollouts_use_the_updated_policy(init_dir, tmp_path):
+    tr = RLTrainer(tmp_path / "run", config(init_dir, steps=2, minibatches=1), env_factory=fake)
+    tr.fit()
+    first, rec = [json.loads(ln) for ln in (tmp_path / "run" / METRICS).read_text().splitlines()]
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # the first update starts at the reference
+    assert first["ratio"] == pytest.approx(1.0, abs=1e-2)  # rollout logprobs = the policy's
+    assert rec["step"] == 2 and 0.0 <= rec["reward"] <= 1.0 and rec["turns"] == pytest.approx(3.0)
+    assert rec["kl"] > 1e-6  # the policy has moved away from the reference ...
+    assert rec["ratio"] == pytest.approx(1.0, abs=1e-2)  # ... and the engine sampled from the moved one
     assert "drift_changed_mean" in rec and rec["rollout_tok_s"] > 0
     assert (tmp_path / "run" / "final" / WEIGHTS_FILE).exists()
 
