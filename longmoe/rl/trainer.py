@@ -53,6 +53,7 @@ from longmoe.train.pretrain import param_groups, rng_state, seed_everything, set
 log = logging.getLogger(__name__)
 
 EnvFactory = Callable[[int], Env]  # horizon -> a fresh environment
+NO_SIGNAL_KL = 1e-6  # mean k3 below which a minibatch without advantages has nothing to learn
 
 
 def task_seeds(seed: int, step: int, n: int) -> list[int]:
@@ -224,7 +225,7 @@ class RLTrainer:
             ref = [token_logprobs(self.reference, m["input_ids"]) for m in micro]
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
         sums: dict[str, float] = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio": 0.0}
-        n_opt, norms = 0, []
+        n_opt, norms, skipped = 0, [], 0
         self.policy.train()
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(len(micro), generator=gen).tolist()
@@ -236,6 +237,7 @@ class RLTrainer:
                 else:
                     total = float(sum((micro[k]["mask"].sum(1) > 0).sum() for k in part))
                 self.opt.zero_grad(set_to_none=True)
+                mb_kl = 0.0
                 for k in part:
                     m = micro[k]
                     logp = token_logprobs(self.policy, m["input_ids"])
@@ -249,9 +251,17 @@ class RLTrainer:
                     sums["loss"] += float(lp.loss.detach()) * w
                     for key in ("pg", "kl", "clip_frac", "ratio"):
                         sums[key] += getattr(lp, key) * w
+                    mb_kl += lp.kl * w
                 clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
                 norms.append(float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), clip)))
-                self.opt.step()
+                # No signal: every advantage is 0 (all rewards of every group equal) and the policy is
+                # the reference (or KL is off). The gradient is then rounding noise (train- vs
+                # eval-mode arithmetic), which Adam would turn into a full-size step (m / (√v + ε)).
+                signal = any(bool(micro[k]["adv"][micro[k]["mask"]].any()) for k in part)
+                if signal or (cfg.kl_coef > 0 and mb_kl > NO_SIGNAL_KL):
+                    self.opt.step()
+                else:
+                    skipped += 1
                 for layer in self.policy.moe_layers():
                     layer.update_balance()
                 n_opt += 1
@@ -260,6 +270,7 @@ class RLTrainer:
             self.engine.prefix.clear()  # snapshots hold the old weights' states
         out = {k: v / max(n_opt, 1) for k, v in sums.items()}
         out["grad_norm"] = sum(norms) / max(len(norms), 1)
+        out["skipped_updates"] = skipped
         return out
 
     def drift(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:

@@ -97,3 +97,22 @@ def test_frozen_router_does_not_drift(init_dir, tmp_path):
     tr.fit()
     for m, w, b in zip(tr.policy.moe_layers(), before, bias, strict=True):
         assert torch.equal(m.router.weight, w) and torch.equal(m.bias, b)
+
+
+class NoRewardEnv(FakeEnv):
+    def step(self, turn):
+        res = super().step(turn)
+        res.reward = 0.0
+        return res
+
+
+def test_no_signal_no_step(init_dir, tmp_path):
+    """Every group's rewards equal and the policy at the reference: nothing to learn, so the weights
+    stay exactly as they were (Adam would otherwise take a full step on rounding noise)."""
+    cfg = config(init_dir, steps=1, minibatches=1)  # (a second minibatch would follow a bias move)
+    tr = RLTrainer(tmp_path / "run", cfg, env_factory=lambda h: NoRewardEnv(turns=2))
+    before = {k: v.clone() for k, v in tr.policy.named_parameters()}
+    rec = tr.fit()
+    assert rec["skipped_updates"] == 1 and rec["adv_abs"] == 0.0
+    for k, v in tr.policy.named_parameters():
+        assert torch.equal(v, before[k]), k
