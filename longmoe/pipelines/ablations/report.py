@@ -52,9 +52,9 @@ def decay_section(arms: dict[str, list[RunResult]]) -> tuple[str, list[Check]]:
             pm(*mean_se([r.train_loss_last for r in rs])), " / ".join(f"{r.val_loss:.3f}" for r in rs),
         ])  # fmt: skip
     md = table(
-        ["gate", "lr", "seeds", "non-finite steps (per seed)", "diverged", "min 16-token Γ", "steps with Γ < −88",
-         "max finite |KDA out|", "steps with non-finite KDA out", "train loss (last 10 finite)",
-         "val loss (per seed)"],
+        ["gate", "lr", "seeds", "non-finite steps (per seed)", "diverged", "min 16-token Γ",
+         "steps with Γ < −88", "max finite |KDA out|", "steps with non-finite KDA out",
+         "train loss (last 10 finite)", "val loss (per seed)"],
         rows,
     )  # fmt: skip
     checks = []
