@@ -16,6 +16,7 @@ operator's share counts the useful FLOPs of the chunked algorithm (``kda_flops``
 
     python -m bench.kda            # T in {1024, 4096, 16384}, fp32 and bf16
     python -m bench.kda --quick    # T = 1024, fp32 only (seconds)
+    python -m bench.kda --gates-only   # every T and dtype, bounded vs log-space only (no peers, minutes)
 """
 
 from __future__ import annotations
@@ -117,12 +118,17 @@ def time_fwd_bwd(fn, xs, budget: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="T = 1024, fp32 only (a smoke run in seconds)")
+    ap.add_argument(
+        "--gates-only",
+        action="store_true",
+        help="bounded all-GEMM vs unbounded log-space only, no peers (results: kda_gates.*, no README)",
+    )
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README benchmark table")
     args = ap.parse_args(argv)
 
     lengths = [1024] if args.quick else [1024, 4096, 16384]
     dtypes = [torch.float32] if args.quick else [torch.float32, torch.bfloat16]
-    peers = load_peers()
+    peers = {} if args.gates_only else load_peers()
     ours = lambda q, k, v, g, b: kda_chunk(q, k, v, g, b, chunk_size=C)[0]
     logspace = lambda q, k, v, g, b: kda_chunk(q, k, v, g, b, chunk_size=C, intra="logspace")[0]
     roof = {str(dt).split(".")[-1]: gemm_roofline(dt) for dt in dtypes}
@@ -219,12 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         '(`intra="logspace"`, Kimi-Linear gates), same q, k, v, β, shapes and run; speed-up = log-space '
         "time / bounded time.\n\n" + markdown_table(gate_header, gate_rows)
     )
-    name = "kda_quick" if args.quick else "kda"  # a smoke run never overwrites the full table
+    # a smoke run never overwrites the full table, nor does a run without the peers
+    name = "kda_quick" if args.quick else "kda_gates" if args.gates_only else "kda"
     write_results(
         name,
         {"roofline_flops": roof, "shape": dict(B=B, H=H, K=K, V=V, C=C), "results": results},
         table,
-        update_readme=not (args.no_readme or args.quick),
+        update_readme=not (args.no_readme or args.quick or args.gates_only),
     )
     return 0
 
