@@ -5,18 +5,25 @@ Peers, measured in the same run on the same inputs:
 - ``flash-linear-attention``'s naive chunk and recurrent references (``fla/ops/kda/naive.py``, loaded from
   the installed files so Triton is not needed).
 
+The seeds' bounded-gate claim is measured in the same run: the bounded all-GEMM operator (the rows above,
+``intra="factorised"``) against the exact path an unbounded gate needs, ``kda_chunk(..., intra="logspace")``
+(pairwise in-chunk decays in log space), fed Kimi-Linear gates (``kimi_decay``) on the same q, k, v, β and
+shapes. Their ratio is the second table.
+
 Forward is timed under ``torch.no_grad()`` (the inference path) for every implementation; forward+backward
 with autograd. The roofline is this machine's ``torch.mm`` throughput measured in the same run, and the
 operator's share counts the useful FLOPs of the chunked algorithm (``kda_flops``).
 
     python -m bench.kda            # T in {1024, 4096, 16384}, fp32 and bf16
     python -m bench.kda --quick    # T = 1024, fp32 only (seconds)
+    python -m bench.kda --gates-only   # bounded vs log-space only (no peers), T in {1024, 4096}, minutes
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -25,10 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import gemm_roofline, markdown_table, timeit, write_results
-from longmoe.ops.gates import bounded_decay
+from longmoe.ops.gates import bounded_decay, kimi_decay
 from longmoe.ops.kda import kda_chunk
 
 B, H, K, V, C = 1, 4, 64, 64, 16
+LOGSPACE = "longmoe log-space (unbounded gate)"  # the exact in-chunk path an unbounded gate needs
 
 
 def kda_flops(T: int, H: int, K: int, V: int, C: int = 16) -> float:
@@ -80,15 +88,24 @@ def make_inputs(T: int, dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]
     return [x.to(dtype) for x in (q, k, v, g, beta)]
 
 
-def time_forward(fn, xs, budget: float) -> float:
+def unbounded_gates(T: int, dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
+    """Kimi-Linear gates ``-e^{A_log}·softplus(f + dt_bias)`` at the values its checkpoints hold
+    (``A_log = log U(1, 16)`` per head, ``dt_bias`` ≈ softplus⁻¹(1)): far below the bounded gate's floor."""
+    gen = torch.Generator().manual_seed(seed)
+    A_log = torch.empty(H, 1).uniform_(1.0, 16.0, generator=gen).log()
+    dt_bias = torch.randn(H, K, generator=gen) + 0.5413  # softplus⁻¹(1) = log(e − 1)
+    return kimi_decay(torch.randn(B, T, H, K, generator=gen), A_log, dt_bias).to(dtype)
+
+
+def time_forward(fn, xs, budget: float, stat=statistics.median) -> float:
     def run():
         with torch.no_grad():
             fn(*xs)
 
-    return timeit(run, warmup=1, iters=5, max_seconds=budget)
+    return timeit(run, warmup=1, iters=5, max_seconds=budget, stat=stat)
 
 
-def time_fwd_bwd(fn, xs, budget: float) -> float:
+def time_fwd_bwd(fn, xs, budget: float, stat=statistics.median) -> float:
     leaves = [x.detach().clone().requires_grad_() for x in xs]
 
     def run():
@@ -96,31 +113,43 @@ def time_fwd_bwd(fn, xs, budget: float) -> float:
             x.grad = None
         fn(*leaves).float().sum().backward()
 
-    return timeit(run, warmup=1, iters=3, max_seconds=budget)
+    return timeit(run, warmup=1, iters=3, max_seconds=budget, stat=stat)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="T = 1024, fp32 only (a smoke run in seconds)")
+    ap.add_argument(
+        "--gates-only",
+        action="store_true",
+        help="bounded all-GEMM vs unbounded log-space only, no peers, T in {1024, 4096}, fastest of "
+        "each run's repeats (results: kda_gates.*, no README)",
+    )
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README benchmark table")
     args = ap.parse_args(argv)
 
-    lengths = [1024] if args.quick else [1024, 4096, 16384]
+    lengths = [1024] if args.quick else [1024, 4096] if args.gates_only else [1024, 4096, 16384]
+    # --gates-only reads the fastest run of each (a slow sample on a shared machine is interference)
+    stat = min if args.gates_only else statistics.median
     dtypes = [torch.float32] if args.quick else [torch.float32, torch.bfloat16]
-    peers = load_peers()
+    peers = {} if args.gates_only else load_peers()
     ours = lambda q, k, v, g, b: kda_chunk(q, k, v, g, b, chunk_size=C)[0]
+    logspace = lambda q, k, v, g, b: kda_chunk(q, k, v, g, b, chunk_size=C, intra="logspace")[0]
     roof = {str(dt).split(".")[-1]: gemm_roofline(dt) for dt in dtypes}
     print("torch.mm roofline (GFLOP/s):", {k: round(v / 1e9, 1) for k, v in roof.items()}, flush=True)
 
-    rows, results = [], []
+    rows, gate_rows, results = [], [], []
     for dt in dtypes:
         dname = str(dt).split(".")[-1]
         for T in lengths:
             xs = make_inputs(T, dt)
             flops = kda_flops(T, H, K, V, C)
             entry = {"T": T, "dtype": dname, "flops_fwd": flops, "fwd_s": {}, "fwd_bwd_s": {}}
-            entry["fwd_s"]["longmoe"] = time_forward(ours, xs, 20)
-            entry["fwd_bwd_s"]["longmoe"] = time_fwd_bwd(ours, xs, 20)
+            entry["fwd_s"]["longmoe"] = time_forward(ours, xs, 20, stat)
+            entry["fwd_bwd_s"]["longmoe"] = time_fwd_bwd(ours, xs, 20, stat)
+            xs_unbounded = [*xs[:3], unbounded_gates(T, dt), xs[4]]
+            entry["fwd_s"][LOGSPACE] = time_forward(logspace, xs_unbounded, 30, stat)
+            entry["fwd_bwd_s"][LOGSPACE] = time_fwd_bwd(logspace, xs_unbounded, 60, stat)
             for name, fn in peers.items():
                 # the peers are 10-100x slower: forward everywhere, backward only where it fits the budget
                 if "recurrent" in name and T > 4096:
@@ -140,6 +169,18 @@ def main(argv: list[str] | None = None) -> int:
             entry["speedup_fwd_bwd"] = {n: t / t_fb for n, t in entry["fwd_bwd_s"].items() if n != "longmoe"}
             results.append(entry)
             sp, spb = entry["speedup_fwd"], entry["speedup_fwd_bwd"]
+            gate_rows.append(
+                [
+                    T,
+                    dname,
+                    f"{t_f * 1e3:.1f}",
+                    f"{entry['fwd_s'][LOGSPACE] * 1e3:.1f}",
+                    f"{sp[LOGSPACE]:.1f}×",
+                    f"{t_fb * 1e3:.0f}",
+                    f"{entry['fwd_bwd_s'][LOGSPACE] * 1e3:.0f}",
+                    f"{spb[LOGSPACE]:.1f}×",
+                ]
+            )
             rows.append(
                 [
                     T,
@@ -168,17 +209,33 @@ def main(argv: list[str] | None = None) -> int:
         "fwd+bwd vs transformers chunk64",
         "fwd+bwd vs fla naive chunk64",
     ]
+    gate_header = [
+        "T",
+        "dtype",
+        "bounded all-GEMM fwd ms",
+        "unbounded log-space fwd ms",
+        "fwd speed-up",
+        "bounded fwd+bwd ms",
+        "log-space fwd+bwd ms",
+        "fwd+bwd speed-up",
+    ]
     table = (
         f"KDA operator, B={B} H={H} K=V={K}, chunk {C}; speed-up = peer time / longmoe time in the same run "
         f"(torch.mm roofline: {', '.join(f'{k} {v / 1e9:.0f} GFLOP/s' for k, v in roof.items())}; "
-        f"{torch.get_num_threads()} threads, shared machine).\n\n" + markdown_table(header, rows)
+        f"{torch.get_num_threads()} threads, shared machine).\n\n"
+        + markdown_table(header, rows)
+        + "\n\nBounded vs unbounded decay, the seeds' claim measured: the bounded gate's all-GEMM chunk "
+        '(`intra="factorised"`) against the exact log-space in-chunk path an unbounded gate needs '
+        '(`intra="logspace"`, Kimi-Linear gates), same q, k, v, β, shapes and run; speed-up = log-space '
+        "time / bounded time.\n\n" + markdown_table(gate_header, gate_rows)
     )
-    name = "kda_quick" if args.quick else "kda"  # a smoke run never overwrites the full table
+    # a smoke run never overwrites the full table, nor does a run without the peers
+    name = "kda_quick" if args.quick else "kda_gates" if args.gates_only else "kda"
     write_results(
         name,
         {"roofline_flops": roof, "shape": dict(B=B, H=H, K=K, V=V, C=C), "results": results},
         table,
-        update_readme=not (args.no_readme or args.quick),
+        update_readme=not (args.no_readme or args.quick or args.gates_only),
     )
     return 0
 

@@ -10,6 +10,7 @@ A pipeline is a package with
 
 Today: ``demo`` (``longmoe demo``: tokenizer → curriculum pretraining → eval → report) and
 ``longctx_tiny`` (``python -m longmoe.pipelines.longctx_tiny``: the layer-pattern ablation trained short
-and tested long). The SFT, RL and vision runs to come are pipelines too. Pipelines may import every
-other part of longmoe; nothing outside this package imports a pipeline.
+and tested long), ``ablations`` (``python -m longmoe.pipelines.ablations``: bounded vs unbounded decay,
+attention residuals, balancers; docs/evidence.md). The SFT, RL and vision runs to come are pipelines
+too. Pipelines may import every other part of longmoe; nothing outside this package imports a pipeline.
 """

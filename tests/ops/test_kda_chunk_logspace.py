@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from longmoe.ops.gates import kimi_decay
+from longmoe.ops.gates import kimi_decay, softplus_decay
 from longmoe.ops.kda import kda_chunk, kda_recurrent
 
 
@@ -92,3 +92,89 @@ def test_intra_mode_is_validated():
     q, k, v, g, beta = kimi_inputs(1, 4, 1, 4, 4)
     with pytest.raises(ValueError, match="intra"):
         kda_chunk(q, k, v, g, beta, intra="exact")
+
+
+# ---------------------------------------------------------------- the unbounded baseline, adversarially
+def adversarial_gates(B, T, H, K, *, seed=0):
+    """Per-token log-decays mixing the regimes an unbounded gate can reach in one chunk: no decay (0),
+    near-zero (−1e-6), ordinary (−U(0, 5)), far past the bounded gate's floor (−U(5, 100)) and
+    effectively total erasure (−1e4), shuffled per channel so a chunk's Γ jumps between them."""
+    gen = torch.Generator().manual_seed(seed)
+    regimes = torch.tensor([0.0, -1e-6, -2.5, -50.0, -1e4], dtype=torch.float64)
+    pick = torch.randint(0, len(regimes), (B, T, H, K), generator=gen)
+    jitter = torch.rand(B, T, H, K, generator=gen, dtype=torch.float64)
+    g = regimes[pick] * (0.5 + jitter)  # −1e4 → [−1.5e4, −5e3]; 0 stays 0
+    return g
+
+
+def adversarial_inputs(B, T, H, K, V, *, seed=0):
+    q, k, v, _, beta = kimi_inputs(B, T, H, K, V, seed=seed)
+    return q, k, v, adversarial_gates(B, T, H, K, seed=seed + 1), beta
+
+
+def softplus_inputs(B, T, H, K, V, *, seed=0, h_scale=4.0, a_scale=1.5):
+    """The ablation's unbounded gate ``−e^A·softplus(h)`` with wide pre-activations and scales, so
+    per-token log-decays range from ≈0 to the hundreds (the model's ``kda_gate="softplus"``)."""
+    q, k, v, _, beta = kimi_inputs(B, T, H, K, V, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 7)
+    h = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64) * h_scale
+    A = torch.randn(H, K, generator=gen, dtype=torch.float64) * a_scale
+    return q, k, v, softplus_decay(h, A), beta
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("chunk_size", [16, 64])
+def test_logspace_adversarial_gates_match_float64_recurrence(seed, chunk_size):
+    x64 = adversarial_inputs(2, 97, 2, 16, 8, seed=seed)
+    assert x64[3].min() < -5000 and (x64[3] == 0).any()
+    ref, s_ref = kda_recurrent(*x64, output_final_state=True)
+    o, s = kda_chunk(*(x.float() for x in x64), output_final_state=True, chunk_size=chunk_size,
+                     intra="logspace")  # fmt: skip
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    # fp32 rounding only (≈1e-7): Γ_i − Γ_j formed as a difference of prefix sums at −1e4 was ≈1e-4 off
+    assert (o.double() - ref).abs().max() < 1e-6
+    assert (s.double() - s_ref).abs().max() < 1e-6
+
+
+def test_logspace_softplus_gate_matches_float64_recurrence():
+    x64 = softplus_inputs(1, 200, 2, 16, 16, seed=11)
+    assert x64[3].min() < -100  # one token alone exceeds the factorised form's whole-chunk budget
+    ref, _ = kda_recurrent(*x64)
+    o, _ = kda_chunk(*(x.float() for x in x64), intra="logspace")
+    assert (o.double() - ref).abs().max() < 2e-5
+    bad, _ = kda_chunk(*(x.float() for x in x64), intra="factorised")
+    assert not torch.isfinite(bad).all()  # the all-GEMM form cannot run this gate
+
+
+def test_logspace_long_sequence_matches_float64_recurrence():
+    """2,048 tokens (128 chunks of state carried through unbounded decays) stay at fp32 accuracy."""
+    x64 = kimi_inputs(1, 2048, 2, 16, 16, seed=12)
+    ref, s_ref = kda_recurrent(*x64, output_final_state=True)
+    o, s = kda_chunk(*(x.float() for x in x64), output_final_state=True, intra="logspace")
+    assert (o.double() - ref).abs().max() < 5e-5
+    assert (s.double() - s_ref).abs().max() < 5e-5
+
+
+@pytest.mark.parametrize("make", [kimi_inputs, adversarial_inputs], ids=["kimi", "adversarial"])
+def test_logspace_bf16_matches_float64_recurrence_of_the_rounded_inputs(make):
+    """bf16 inputs (computed in fp32 inside) against the float64 recurrence of the same bf16-rounded
+    values: only the bf16 rounding of the output is left."""
+    xb = tuple(x.to(torch.bfloat16) for x in make(1, 300, 2, 16, 16, seed=13))
+    ref, _ = kda_recurrent(*(x.double() for x in xb))
+    o, _ = kda_chunk(*xb, intra="logspace")
+    assert o.dtype == torch.bfloat16 and torch.isfinite(o).all()
+    err = (o.double() - ref).abs()
+    assert err.max() < 2e-2 * (1 + ref.abs().max())
+    assert err.mean() < 2e-3
+
+
+def test_logspace_gradients_at_adversarial_gates_match_recurrence():
+    xs = [x.float().requires_grad_() for x in adversarial_inputs(1, 40, 2, 8, 8, seed=14)]
+    o, _ = kda_chunk(*xs, intra="logspace")
+    grads = torch.autograd.grad(o.square().sum(), xs)
+    xr = [x.detach().double().requires_grad_() for x in xs]
+    ref, _ = kda_recurrent(*xr)
+    rgrads = torch.autograd.grad(ref.square().sum(), xr)
+    for gc, gr in zip(grads, rgrads, strict=True):
+        assert torch.isfinite(gc).all()
+        assert (gc.double() - gr).abs().max() < 1e-3 * (1 + gr.abs().max())

@@ -5,8 +5,9 @@ chunk-to-chunk state update in a Python loop. It computes what ``naive.kda_recur
 The factorised form ``(Q⊙e^Γ)(K⊙e^{−Γ})ᵀ`` is only finite when the cumulative in-chunk log-decay ``Γ``
 stays above ≈ −88 (fp32/bf16): ``ops.gates.bounded_decay`` guarantees that for ``C = 16``. For unbounded
 gates (``ops.gates.kimi_decay``) ``intra="logspace"`` forms the same in-chunk products from pairwise
-differences ``e^{Γ_i − Γ_j}`` (``j ≤ i``, so every exponent is ≤ 0): exact at any gate value, at the cost
-of a ``[C, C, K]`` elementwise product per chunk instead of one GEMM. See docs/kda.md for the derivation.
+decays ``e^{Γ_i − Γ_j} = e^{Σ_{j<t≤i} g_t}`` (``j ≤ i``, so every exponent is ≤ 0, and each is summed
+directly rather than as a difference of prefix sums): exact at any gate value, at the cost of a
+``[C, C, K]`` elementwise product per chunk instead of one GEMM. See docs/kda.md for the derivation.
 """
 
 from __future__ import annotations
@@ -21,21 +22,27 @@ INTRA_MODES = ("factorised", "logspace")
 _LOGSPACE_SLAB = 1 << 24  # elements of the [n, G, C, C, K] pairwise decays formed at once (64 MB fp32)
 
 
-def _intra_logspace(kq: torch.Tensor, gam: torch.Tensor) -> torch.Tensor:
+def _intra_logspace(kq: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """``[K | Q] ⊙ e^Γ (K ⊙ e^{−Γ})ᵀ`` on and below the diagonal without forming ``e^{−Γ}``.
 
-    ``kq``: ``[N, G, 2, C, K]`` (K rows then Q rows), ``gam``: ``[N, G, C, K]`` in-chunk cumulative
-    log-decays. Entry ``(i, j)`` is ``Σ_c X_i[c] K_j[c] e^{Γ_i[c] − Γ_j[c]}`` for ``j ≤ i`` and 0 above the
-    diagonal, so no exponent is positive. Returns ``[N, G, 2C, C]`` like the factorised product, built
-    in slabs of chunks so the ``[C, C, K]`` decays stay within ``_LOGSPACE_SLAB`` elements.
+    ``kq``: ``[N, G, 2, C, K]`` (K rows then Q rows), ``g``: ``[N, G, C, K]`` per-token log-decays. Entry
+    ``(i, j)`` is ``Σ_c X_i[c] K_j[c] e^{Γ_i[c] − Γ_j[c]}`` for ``j ≤ i`` and 0 above the diagonal, so no
+    exponent is positive. ``Γ_i − Γ_j`` is summed directly as ``Σ_{j<t≤i} g_t`` (a masked cumulative sum),
+    not subtracted from the chunk's prefix sums: an unbounded gate puts prefix sums at −10⁴ and beyond,
+    where an fp32 difference loses the small decays after them (10⁻⁴ output errors, measured).
+    Returns ``[N, G, 2C, C]`` like the factorised product, built in slabs of chunks so the ``[C, C, K]``
+    decays stay within ``_LOGSPACE_SLAB`` elements.
     """
     N, G, _, C, K = kq.shape
-    above = torch.triu(torch.ones(C, C, dtype=torch.bool, device=kq.device), diagonal=1)[..., None]
+    ones = torch.ones(C, C, dtype=torch.bool, device=kq.device)
+    after = torch.triu(ones, diagonal=1)[..., None]  # [C(j), C(t), 1]  t > j: g_t counts from j on
+    above = torch.tril(ones, diagonal=-1)[..., None]  # [C(j), C(i), 1]  i < j: above the diagonal
     step = max(1, _LOGSPACE_SLAB // max(1, G * C * C * K))
     out = []
     for n0 in range(0, N, step):
-        g = gam[n0 : n0 + step]  # [n, G, C, K]
-        decay = (g.unsqueeze(-2) - g.unsqueeze(-3)).masked_fill(above, float("-inf")).exp()  # [n, G, C, C, K]
+        gs = g[n0 : n0 + step].unsqueeze(-3)  # [n, G, 1, C(t), K]
+        span = torch.where(after, gs, 0.0).cumsum(-2)  # [n, G, C(j), C(i), K]  Σ_{j<t≤i} g_t
+        decay = span.masked_fill(above, float("-inf")).exp().transpose(-2, -3)  # [n, G, C(i), C(j), K]
         x = kq[n0 : n0 + step]  # [n, G, 2, C, K]
         kj = x[:, :, 0].unsqueeze(-3)  # [n, G, 1, C, K]  key j
         prod = (x.unsqueeze(-2) * (decay.unsqueeze(2) * kj.unsqueeze(2))).sum(-1)  # [n, G, 2, C, C]
@@ -179,8 +186,10 @@ def kda_chunk(
         inter = kq_pos.view(N, G, 2 * C, K) @ k_neg.transpose(-1, -2)  # [N, G, 2C, C]
         k_dec = k_neg * d_last.transpose(-1, -2)  # [N, G, C, K]  K⊙e^{Γ_C−Γ}
     else:
-        inter = _intra_logspace(kq, gam)  # [N, G, 2C, C]
-        k_dec = kq[:, :, 0] * (gam[..., -1:, :] - gam).exp()  # [N, G, C, K]  K⊙e^{Γ_C−Γ}, exponents ≤ 0
+        inter = _intra_logspace(kq, gc)  # [N, G, 2C, C]
+        # Γ_C − Γ_j = Σ_{t>j} g_t as a suffix sum (no difference of large prefix sums), exponents ≤ 0
+        after = F.pad(gc[..., 1:, :], (0, 0, 0, 1)).flip(-2).cumsum(-2).flip(-2)  # [N, G, C, K]
+        k_dec = kq[:, :, 0] * after.exp()  # [N, G, C, K]  K⊙e^{Γ_C−Γ}
     a_kk = torch.tril(bc * inter[..., :C, :], diagonal=-1)  # [N, G, C, C]  strictly lower: A
     a_qk = torch.tril(inter[..., C:, :])  # [N, G, C, C]  causal incl. diagonal: P
     # WY/UT transform: (I + A)^{-1} by one unit-triangular solve against the C×C identity (cheaper than
