@@ -14,6 +14,11 @@ An assistant turn is free text followed by zero or more tool calls; each call is
 the turn's ``<|end|>``. So generation always stops at ``<|end|>``, and a turn whose calls list is
 empty is a final answer. Tool results come back in order, one ``tool`` message per call.
 
+Tools are shown to the model in the system message: ``render_tools`` turns OpenAI function schemas
+into a block of text (one JSON line per tool) that ``with_tools`` appends to the first system message
+(or makes one); ``render_messages`` and ``encode_chat`` take ``tools=`` and do that, so SFT, RL, the
+environments and the server all present tools identically.
+
 Boundaries between messages sit right before a special token, which the tokenizer never merges
 across, so encoding message by message gives the same ids as encoding the whole string; that is what
 makes the per-token loss mask exact.
@@ -116,6 +121,50 @@ def _call_from_message(call: Any, where: str) -> ToolCall:
     return ToolCall(name=name, arguments=args, id=call.get("id"))
 
 
+TOOLS_HEADER = (
+    "# Tools\n\n"
+    "You can call the tools below. To call one, write the tool-call marker and then one JSON object "
+    '{"name": <tool name>, "arguments": <an object matching its parameters>}. Each result comes '
+    "back in a tool message. When you know the answer, reply without a call."
+)
+
+
+def _tool_function(tool: Any, where: str) -> dict[str, Any]:
+    """The ``function`` object of an OpenAI tool (``{"type": "function", "function": {...}}``), or a
+    bare ``{"name", "description", "parameters"}``."""
+    fn = tool.get("function", tool) if isinstance(tool, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise ValueError(f"{where}.function.name must be a non-empty string")
+    return fn
+
+
+def render_tools(tools: list[dict[str, Any]]) -> str:
+    """The tools block of the system message: a fixed header, then one compact JSON line per tool
+    (``name``, ``description`` if any, ``parameters``), in the given order. Pure: same tools, same text."""
+    lines = [TOOLS_HEADER, ""]
+    for i, tool in enumerate(tools):
+        fn = _tool_function(tool, f"tools[{i}]")
+        line = {"name": fn["name"]}
+        if fn.get("description"):
+            line["description"] = fn["description"]
+        line["parameters"] = fn.get("parameters") or {"type": "object", "properties": {}}
+        lines.append(json.dumps(line, ensure_ascii=False))
+    return "\n".join(lines)
+
+
+def with_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """``messages`` with ``render_tools(tools)`` appended to the first system message (after a blank
+    line), or as a new first system message; unchanged without tools."""
+    if not tools:
+        return messages
+    block = render_tools(tools)
+    if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
+        first = messages[0]
+        text = _content_text(first.get("content"), "messages[0]")
+        return [{**first, "content": f"{text}\n\n{block}" if text else block}, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
+
+
 def render_message(message: dict[str, Any], index: int = 0) -> tuple[str, str, str]:
     """One message as ``(head, body, tail)``: the role marker, what the role says, the newline.
 
@@ -137,10 +186,16 @@ def render_message(message: dict[str, Any], index: int = 0) -> tuple[str, str, s
     return f"{ROLE_TOKENS[role]}\n", body + END, "\n"
 
 
-def render_messages(messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-    """OpenAI-style messages -> the model's chat text (ending in ``<|assistant|>\\n`` if asked)."""
+def render_messages(
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """OpenAI-style messages -> the model's chat text (ending in ``<|assistant|>\\n`` if asked);
+    ``tools`` (OpenAI function schemas) are shown in the system message (``with_tools``)."""
     if not isinstance(messages, list):
         raise ValueError("messages must be a list of objects")
+    messages = with_tools(messages, tools)
     out = ["".join(render_message(m, i)) for i, m in enumerate(messages)]
     if add_generation_prompt:
         out.append(ROLE_TOKENS["assistant"] + "\n")
@@ -152,12 +207,14 @@ def encode_chat(
     messages: list[dict[str, Any]],
     add_generation_prompt: bool = False,
     bos: bool = False,
+    tools: list[dict[str, Any]] | None = None,
 ) -> ChatTokens:
     """Token ids of a conversation with the SFT/RL loss mask: True on assistant bodies only.
 
     System, user and tool-result tokens and every role marker are context (False). The ids equal
     ``tokenizer.encode(render_messages(...))`` (tested), since each piece starts at a special token.
     """
+    messages = with_tools(messages, tools)
     out = ChatTokens()
     if bos:
         out.ids.append(tokenizer.bos_id)

@@ -153,12 +153,18 @@ class Tokenizer:
         return {t: self._tok.token_to_id(t) for t in SPECIAL_TOKENS}
 
     # ------------------------------------------------------------------ chat
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         """Render OpenAI-style messages into the model's chat format (``longmoe.data.chat``).
 
-        With ``add_generation_prompt`` the string ends with ``<|assistant|>\\n`` ready to generate.
+        With ``add_generation_prompt`` the string ends with ``<|assistant|>\\n`` ready to generate;
+        ``tools`` (OpenAI function schemas) are shown in the system message.
         """
-        return render_messages(messages, add_generation_prompt)
+        return render_messages(messages, add_generation_prompt, tools)
 
 
 @functools.lru_cache(maxsize=4)

@@ -154,10 +154,11 @@ class Engine:
             return self.tokenizer.encode(prompt, bos=self.cfg.add_bos)
         return check_ids(prompt, self.vocab_size)
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        """Chat messages -> prompt ids via the tokenizer's template, ending in ``<|assistant|>\\n``."""
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Chat messages (and the tools shown to the model) -> prompt ids via the tokenizer's
+        template, ending in ``<|assistant|>\\n``."""
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
         except (ValueError, AttributeError, TypeError) as e:
             raise EngineError("messages", str(e)) from e
         return self.tokenizer.encode(text, bos=self.cfg.add_bos)

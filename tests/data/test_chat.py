@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from longmoe.data.chat import ToolCall, encode_chat, parse_assistant, render_messages
+from longmoe.data.chat import (
+    TOOLS_HEADER,
+    ToolCall,
+    encode_chat,
+    parse_assistant,
+    render_messages,
+    render_tools,
+    with_tools,
+)
 from longmoe.data.tokenizer import tokenizer_for_tests
 
 MESSAGES = [
@@ -99,3 +109,50 @@ def test_parse_malformed(text: str, why: str) -> None:
 def test_bad_messages_name_the_field(messages, field: str) -> None:
     with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
         render_messages(messages)
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "open",
+            "description": "Open a document.",
+            "parameters": {"type": "object", "properties": {"doc": {"type": "integer"}}, "required": ["doc"]},
+        },
+    },
+    {"name": "done"},  # a bare function object, no parameters
+]
+
+
+def test_render_tools_is_one_json_line_per_tool() -> None:
+    """The block is the header then each tool's name/description/parameters as compact JSON, in order."""
+    s = render_tools(TOOLS)
+    head, lines = s.split("\n\n", 1)[0], s.split("\n")[-2:]
+    assert s.startswith(TOOLS_HEADER) and head == TOOLS_HEADER.split("\n\n")[0]
+    assert json.loads(lines[0]) == {"name": "open", "description": "Open a document.",
+                                    "parameters": TOOLS[0]["function"]["parameters"]}  # fmt: skip
+    assert json.loads(lines[1]) == {"name": "done", "parameters": {"type": "object", "properties": {}}}
+    assert "<|" not in s  # no special-token text inside the system prompt
+    assert render_tools(TOOLS) == s
+
+
+def test_tools_join_the_system_message() -> None:
+    """Tools extend the first system message after a blank line, or become one; rendering and
+    encoding with tools= equal doing it by hand, and the mask stays exact."""
+    merged = with_tools(MESSAGES, TOOLS)
+    assert merged[0] == {"role": "system", "content": "You can search.\n\n" + render_tools(TOOLS)}
+    assert merged[1:] == MESSAGES[1:] and MESSAGES[0]["content"] == "You can search."
+    bare = with_tools(MESSAGES[1:], TOOLS)
+    assert bare[0] == {"role": "system", "content": render_tools(TOOLS)} and bare[1:] == MESSAGES[1:]
+    assert with_tools(MESSAGES, None) is MESSAGES and with_tools(MESSAGES, []) is MESSAGES
+    s = render_messages(MESSAGES, tools=TOOLS)
+    assert s == render_messages(merged)
+    tok = tokenizer_for_tests()
+    ct = encode_chat(tok, MESSAGES, tools=TOOLS)
+    assert ct.ids == tok.encode(render_messages(merged, add_generation_prompt=False))
+    assert tok.apply_chat_template(MESSAGES, tools=TOOLS) == s
+
+
+def test_render_tools_names_a_bad_tool() -> None:
+    with pytest.raises(ValueError, match=r"tools\[1\]\.function\.name"):
+        render_tools([TOOLS[0], {"type": "function", "function": {"description": "no name"}}])

@@ -1,4 +1,7 @@
-"""``POST /v1/chat/completions``: messages through the tokenizer's chat template.
+"""``POST /v1/chat/completions``: messages (and tools) through the tokenizer's chat template.
+
+Function calling (``tools``, ``tool_choice``, ``tool_calls`` in the message and in stream deltas)
+is ``serve/api/tools.py``.
 
 Without ``max_completion_tokens`` / ``max_tokens`` a reply may take ``DEFAULT_CHAT_MAX_TOKENS`` or
 what the context has left; 0 is a 400 (as OpenAI), never "unset"."""
@@ -17,6 +20,7 @@ from longmoe.serve.api.generation import constraint, respond, sampling_params, s
 from longmoe.serve.api.intake import read_request
 from longmoe.serve.api.protocol import ChatRequest
 from longmoe.serve.api.state import server_state
+from longmoe.serve.api.tools import ToolStream, assistant_message, tool_plan
 from longmoe.serve.request import Completion, EngineError
 
 DEFAULT_CHAT_MAX_TOKENS = 512
@@ -27,14 +31,15 @@ async def create_chat_completion(request: Request) -> Response:
     engine = st.engine
     req = await read_request(request, ChatRequest)
     limit_field, max_tokens = req.token_limit()
+    plan = await tool_plan(request, req)
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
-    try:
-        ids = await asyncio.to_thread(engine.encode_chat, messages)  # tokenising is CPU work: off the loop
+    try:  # tokenising is CPU work: off the loop
+        ids = await asyncio.to_thread(engine.encode_chat, messages, plan.tools or None)
     except EngineError as e:
         raise APIError(400, str(e), e.param) from None
     if max_tokens is None:
         max_tokens = max(1, min(DEFAULT_CHAT_MAX_TOKENS, engine.max_context - len(ids)))
-    fmt = await constraint(request, req)
+    fmt = plan.constraint or await constraint(request, req)
     params = sampling_params(req, max_tokens, req.logprobs, req.top_logprobs or 0, fmt)
     h, q = await submit(request, ids, params, rename={"max_tokens": limit_field})
     base = {
@@ -45,9 +50,11 @@ async def create_chat_completion(request: Request) -> Response:
     base["model"] = st.config.model_name
     decode = engine.tokenizer.decode
 
-    def chunk(delta: str, finish: str | None) -> dict:
-        d = {"content": delta} if delta else {}
+    def delta_chunk(d: dict, finish: str | None) -> dict:
         return {**base, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}]}
+
+    def chunk(delta: str, finish: str | None) -> dict:
+        return delta_chunk({"content": delta} if delta else {}, finish)
 
     def token(i: int) -> dict:
         s = decode([i])
@@ -63,10 +70,11 @@ async def create_chat_completion(request: Request) -> Response:
                     for i, v, row in zip(c.token_ids, c.logprobs, rows, strict=False)
                 ]
             }
-        msg = {"role": "assistant", "content": c.text}
-        choice = {"index": 0, "message": msg, "logprobs": lp, "finish_reason": c.finish_reason}
+        msg, finish = assistant_message(engine.tokenizer, c, plan)
+        choice = {"index": 0, "message": msg, "logprobs": lp, "finish_reason": finish}
         return {**base, "object": "chat.completion", "choices": [choice], "usage": usage(c)}
 
     opening = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                     "logprobs": None, "finish_reason": None}]}  # fmt: skip
-    return await respond(request, h, q, chunk, final, req.stream, req.include_usage, opening)
+    events = ToolStream(engine.tokenizer, plan, delta_chunk) if plan.parses else None
+    return await respond(request, h, q, chunk, final, req.stream, req.include_usage, opening, events)

@@ -58,7 +58,18 @@ def error_response(e: APIError, close: bool = False) -> Response:
     return Response(body, status_code=e.status, media_type="application/json", headers=headers)
 
 
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "StreamOptions", "ContentPart"}
+_TYPE_TAGS = {
+    "str",
+    "int",
+    "float",
+    "bool",
+    "list",
+    "dict",
+    "none",
+    "StreamOptions",
+    "ContentPart",
+    "NamedToolChoice",
+}
 
 
 def _field_path(loc: tuple[int | str, ...]) -> list[int | str]:

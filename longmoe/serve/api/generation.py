@@ -28,6 +28,7 @@ from longmoe.serve.structured import StructuredOutputError
 
 ChunkFn = Callable[[str, str | None], dict]  # (text delta, finish reason) -> one SSE chunk
 FinalFn = Callable[[Completion], dict]  # the completion -> the whole response body
+EventsFn = Callable[[Event], list[dict]]  # one event -> the SSE chunks it makes (tool-call streaming)
 
 
 async def constraint(request: Request, req: GenerationRequest) -> Callable[[], TokenConstraint] | None:
@@ -134,9 +135,11 @@ async def respond(
     stream: bool,
     include_usage: bool,
     opening: dict | None = None,
+    events: EventsFn | None = None,
 ) -> Response:
     """Stream the request's chunks (after ``opening``, if any), or wait for its completion and
-    return the whole response."""
+    return the whole response. ``events``, if given, makes the chunks of each event instead of
+    ``chunk(delta, finish)``."""
     if not stream:
         return await _whole(request, h, q, final)
 
@@ -148,7 +151,10 @@ async def respond(
             while not done:
                 ev = await q.get()
                 done = ev.done is not None
-                if ev.delta or done:
+                if events is not None:
+                    for c in events(ev):
+                        yield sse(c)
+                elif ev.delta or done:
                     yield sse(chunk(ev.delta, ev.done.finish_reason if ev.done else None))
                 if ev.done is not None and include_usage:
                     yield sse({**chunk("", None), "choices": [], "usage": usage(ev.done)})

@@ -6,6 +6,9 @@ rules, except where the API is narrower than the engine: ``temperature`` in [0, 
 ``MAX_STOP_STRINGS`` stop strings of at most ``MAX_STOP_CHARS`` characters each, as OpenAI.
 longmoe extensions beyond the OpenAI fields: ``top_k``, ``repetition_penalty``, ``stop_token_ids``,
 ``ignore_eos``, and ``response_format`` on ``/v1/completions`` (OpenAI has it on chat only).
+Function calling: ``tools`` (at most ``MAX_TOOLS`` function schemas with unique names) and
+``tool_choice`` (``none`` | ``auto`` | ``required`` | ``{"type": "function", "function": {"name"}}``),
+checked by ``ChatRequest.tool_mode``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from longmoe.serve.structured import JsonFormat
 MAX_STOP_STRINGS = 4  # OpenAI: "up to 4 sequences"
 MAX_STOP_CHARS = 256
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]; the engine itself accepts more
+MAX_TOOLS = 128  # OpenAI's cap on functions per request
+TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
+TOOL_CHOICES = ("none", "auto", "required")
 
 
 class _Strict(BaseModel):
@@ -133,12 +139,73 @@ class ChatMessage(_Strict):
     tool_call_id: str | None = None
 
 
+class FunctionDef(_Strict):
+    """``tools[i].function``: a name, what it does, its arguments as a JSON Schema object."""
+
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``: call exactly this tool."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    def tool_mode(self) -> tuple[str, str | None]:
+        """``(mode, name)``: mode ``none`` | ``auto`` | ``required``, and the function a named
+        ``tool_choice`` asks for (mode ``required``). Defaults as OpenAI: ``auto`` with tools,
+        ``none`` without. Every inconsistency is a 400 naming the field."""
+        tools = self.tools or []
+        names: set[str] = set()
+        for i, t in enumerate(tools):
+            if t.function.name in names:
+                msg = f"tools.{i}.function.name: duplicate function name '{t.function.name}'"
+                raise APIError(400, msg, f"tools.{i}.function.name", "invalid_value")
+            names.add(t.function.name)
+            params = t.function.parameters
+            if params is not None and params.get("type", "object") != "object":
+                msg = f"tools.{i}.function.parameters: expected a JSON Schema of type 'object'"
+                raise APIError(400, msg, f"tools.{i}.function.parameters", "invalid_value")
+        for i, m in enumerate(self.messages):
+            if m.role == "tool" and not m.tool_call_id:
+                msg = f"messages.{i}.tool_call_id: required on messages with role 'tool'"
+                raise APIError(400, msg, f"messages.{i}.tool_call_id", "invalid_value")
+        choice = self.tool_choice
+        if choice is None:
+            return ("auto" if tools else "none"), None
+        if not tools and choice != "none":
+            msg = "tool_choice: only allowed when tools are given"
+            raise APIError(400, msg, "tool_choice", "invalid_value")
+        if isinstance(choice, NamedToolChoice):
+            name = choice.function.name
+            if name not in names:
+                msg = f"tool_choice.function.name: no tool named '{echo(name)}' in tools"
+                raise APIError(400, msg, "tool_choice.function.name", "invalid_value")
+            return "required", name
+        return choice, None
 
     def token_limit(self) -> tuple[str, int | None]:
         """The field that sets the completion length (``max_completion_tokens`` wins, as OpenAI) and
