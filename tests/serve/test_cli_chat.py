@@ -3,6 +3,7 @@ on with its history intact; no traceback, exit status 0 at the end."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -69,3 +70,31 @@ def test_ctrl_c_while_generating_drops_that_turn_only(model_dir, first_reply, ca
     # the interrupted turn left no trace in the history: the next "hello" is a fresh first turn
     assert out.count(f"assistant> {first_reply}\n") == 1
     assert "Traceback" not in err
+
+
+def test_tools_file_shows_calls_and_reads_results(model_dir, tmp_path, capsys, monkeypatch):
+    """--tools with --tool-choice required: the first turn is a call shown as ``-> name({...})``, the
+    next line is its result, and the model then answers (free) in text."""
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"k": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["k"]}}}]  # fmt: skip
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps(tools))
+    monkeypatch.setattr(sys, "stdin", Keyboard("find it\n", "42\n", "/exit\n"))
+    argv = ["chat", "--model", str(model_dir), *ARGS, "--max-tokens", "80", "--tools", str(path)]
+    argv += ["--tool-choice", "required"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith("  -> lookup("))
+    args = json.loads(lines[i].removeprefix("  -> lookup(").removesuffix(")"))
+    assert set(args) == {"k"} and 0 <= args["k"] <= 9
+    assert lines[i - 1] == "assistant> " and lines[i + 1].startswith("assistant> ")
+    assert "<|" not in out and "Traceback" not in err
+
+
+def test_bad_tools_file_is_an_error(model_dir, tmp_path, capsys):
+    path = tmp_path / "tools.json"
+    path.write_text('{"name": "not a list"}')
+    assert main(["chat", "--model", str(model_dir), "--tools", str(path)]) == 2
+    assert "expected a JSON list of function schemas" in capsys.readouterr().err
