@@ -154,13 +154,17 @@ def render_tools(tools: list[dict[str, Any]]) -> str:
 
 def with_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """``messages`` with ``render_tools(tools)`` appended to the first system message (after a blank
-    line), or as a new first system message; unchanged without tools."""
+    line), or as a new first system message; unchanged without tools, or when the system message
+    already ends with that block (an environment's opening messages carry it: rendering them with
+    their tools again, as the server does, gives the same prompt SFT and RL trained on)."""
     if not tools:
         return messages
     block = render_tools(tools)
     if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
         first = messages[0]
         text = _content_text(first.get("content"), "messages[0]")
+        if text.endswith(block):
+            return messages
         return [{**first, "content": f"{text}\n\n{block}" if text else block}, *messages[1:]]
     return [{"role": "system", "content": block}, *messages]
 

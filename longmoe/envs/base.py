@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from longmoe.data.chat import AssistantTurn
+from longmoe.data.chat import AssistantTurn, render_tools
 from longmoe.errors import UserError
 
 HELD_OUT_SEED_BASE = 1_000_000_000  # training seeds stay below, evaluation seeds start here
@@ -34,18 +34,14 @@ class EnvConfigError(UserError, ValueError):
 
 
 def describe_tools(tools: list[dict[str, Any]]) -> str:
-    """The tools as the opening system message lists them: one ``name(arg: type, ...)`` line each.
+    """The tools as the opening system message lists them: ``data.chat.render_tools`` (one JSON line
+    per tool), the same block the server shows for a request's ``tools``.
 
     The environments put this in their system message, so a trajectory is self-contained (SFT, RL
-    and local evaluation render the same text); ``tools`` also goes to OpenAI-compatible endpoints.
+    and local evaluation render the same text); ``tools`` also goes to OpenAI-compatible endpoints,
+    and longmoe's server, seeing the block already there, does not add it twice (``with_tools``).
     """
-    lines = ['Tools (call one with a JSON object {"name": ..., "arguments": {...}}):']
-    for t in tools:
-        fn = t["function"]
-        props = fn["parameters"]["properties"]
-        args = ", ".join(f"{k}: {v['type']}" for k, v in props.items())
-        lines.append(f"- {fn['name']}({args}): {fn['description']}")
-    return "\n".join(lines)
+    return render_tools(tools)
 
 
 @dataclass

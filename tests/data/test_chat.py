@@ -156,3 +156,10 @@ def test_tools_join_the_system_message() -> None:
 def test_render_tools_names_a_bad_tool() -> None:
     with pytest.raises(ValueError, match=r"tools\[1\]\.function\.name"):
         render_tools([TOOLS[0], {"type": "function", "function": {"description": "no name"}}])
+
+
+def test_with_tools_is_idempotent() -> None:
+    """A system message that already ends with the tools block is left as it is (no second copy)."""
+    once = with_tools(MESSAGES, TOOLS)
+    assert with_tools(once, TOOLS) == once
+    assert render_messages(once, tools=TOOLS) == render_messages(once)

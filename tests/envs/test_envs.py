@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from longmoe.data.chat import AssistantTurn, ToolCall, encode_chat, parse_assistant, render_messages
+from longmoe.data.chat import (
+    AssistantTurn,
+    ToolCall,
+    encode_chat,
+    parse_assistant,
+    render_messages,
+    render_tools,
+)
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.envs import (
     ENVS,
@@ -244,3 +251,13 @@ def test_configs() -> None:
         assert env.name == name
         for t in env.tools:
             assert t["type"] == "function" and check_arguments(t, {}) is not None
+
+
+@pytest.mark.parametrize("name", sorted(ENVS))
+def test_opening_messages_render_the_same_with_their_tools(name):
+    """An environment's system message carries render_tools' block, so rendering its messages with
+    ``tools=env.tools`` (what the server does for a function-calling request) changes nothing."""
+    env = make_env(name)
+    opening = env.reset(HELD_OUT_SEED_BASE)
+    assert opening[0]["content"].endswith(render_tools(env.tools))
+    assert render_messages(opening, tools=env.tools) == render_messages(opening)
