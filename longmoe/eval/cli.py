@@ -5,9 +5,10 @@ Examples::
     longmoe eval --model runs/train --tasks niah,multihop,conflict,recall --lengths 1k,4k --depths 5
     longmoe eval --endpoint http://127.0.0.1:8000 --api-model longmoe --lengths 4k --n 8
     longmoe eval --model runs/train --ppl-by-position --ppl-max-len 16k
+    longmoe eval --tasks agent --model runs/sft --envs doclookup,calculator --horizons 1,2,4 --n 100
 
 Writes ``OUT/results.jsonl`` (resumable), ``OUT/summary.{json,md}``, ``OUT/ppl.{json,md}`` and
-``OUT/plots/*.png``.
+``OUT/plots/*.png``. ``--tasks agent`` scores tool-using episodes instead (``eval/agent_cli.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from longmoe.argtypes import device
 from longmoe.checkpoint import TOKENIZER_FILE, load_model
 from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
 from longmoe.eval import runner
+from longmoe.eval.agent_cli import add_agent_arguments, run_agent
 from longmoe.eval.clients import ClientError, EndpointClient, LocalClient
 from longmoe.eval.plots import plot_run
 from longmoe.eval.ppl import markdown_ppl, ppl_by_position
@@ -39,7 +41,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model", type=Path, help="model directory or training run directory (uses its final model)"
     )
-    g.add_argument("--endpoint", help="base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+    g.add_argument(
+        "--endpoint",
+        "--base-url",
+        dest="endpoint",
+        help="base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000 (or .../v1)",
+    )
     g = p.add_argument_group("endpoint options")
     g.add_argument("--api-model", help="model name to send to the endpoint (required with --endpoint)")
     g.add_argument("--api-key", help="bearer token for the endpoint (default: $OPENAI_API_KEY if set)")
@@ -60,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--tasks",
         help=f"comma-separated tasks (default {DEFAULT_TASKS}; without --ppl-by-position); known: "
-        + ", ".join(TASKS),
+        + ", ".join(TASKS)
+        + "; or 'agent' alone: tool-using episodes (see the agent options)",
     )
     g.add_argument(
         "--lengths", default="1k,4k", help="prompt lengths in tokens, e.g. 512,1k,4k,16k (default 1k,4k)"
@@ -103,6 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--no-plots", action="store_true", help="do not write plots")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_agent_arguments(p)
 
 
 def _error(msg: str) -> int:
@@ -117,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
         return _error("--ppl-by-position needs --model (it reads the model's losses directly)")
     if args.n < 1:
         return _error(f"--n {args.n} is invalid: expected an integer >= 1")
+    if args.tasks is not None and "agent" in args.tasks.split(","):
+        if args.tasks.strip() != "agent" or args.ppl_by_position:
+            return _error("--tasks agent runs alone (no other tasks, no --ppl-by-position)")
+        return run_agent(args)
     try:
         task_spec = (
             args.tasks if args.tasks is not None else (None if args.ppl_by_position else DEFAULT_TASKS)

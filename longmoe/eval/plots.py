@@ -3,7 +3,10 @@
 - ``heatmap``: accuracy of one task by length (x) and needle depth (y).
 - ``accuracy_vs_length``: one panel per task, one line per run (compare models or layer patterns).
 - ``ppl_curve``: loss by position for one or more runs, with the training window marked.
-``plot_run(OUT)`` draws all that a run directory holds (``summary.json``, ``ppl.json``).
+- ``success_by_horizon``: agent episode success (± standard error) by horizon, one panel per
+  environment, one line per run (compare models, or pretrained / SFT / RL).
+``plot_run(OUT)`` draws all that a run directory holds (``summary.json``, ``ppl.json``,
+``agent_summary.json``).
 """
 
 from __future__ import annotations
@@ -101,6 +104,28 @@ def ppl_curve(runs: dict[str, dict[str, Any]], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+def success_by_horizon(runs: dict[str, dict[str, Any]], path: str | Path) -> Path:
+    """``runs``: label -> agent summary (``by_horizon`` rows). Error bars: one standard error."""
+    envs = sorted({r["env"] for s in runs.values() for r in s["by_horizon"]})
+    if not envs:
+        raise ValueError("no agent results to plot")
+    fig, axes = plt.subplots(1, len(envs), figsize=(3.4 * len(envs), 3.0), squeeze=False)
+    for ax, env in zip(axes[0], envs):
+        for label, s in runs.items():
+            rows = sorted((r["horizon"], r["success"], r["se"]) for r in s["by_horizon"] if r["env"] == env)
+            if rows:
+                xs, ys, es = zip(*rows)
+                ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label)
+        hs = sorted({r["horizon"] for s in runs.values() for r in s["by_horizon"] if r["env"] == env})
+        ax.set_xticks(hs)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_title(env)
+        ax.set_xlabel("horizon (required steps)")
+    axes[0][0].set_ylabel("episode success")
+    axes[0][-1].legend(fontsize=8)
+    return _save(fig, path)
+
+
 def _save(fig: Any, path: str | Path) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -123,6 +148,10 @@ def plot_run(out_dir: str | Path, metric: str = "all") -> list[Path]:
             written.append(
                 accuracy_vs_length({out.name: summary}, out / "plots" / "accuracy_vs_length.png", metric)
             )
+    a_file = out / "agent_summary.json"
+    if a_file.is_file():
+        agent = {out.name: json.loads(a_file.read_text())}
+        written.append(success_by_horizon(agent, out / "plots" / "agent_success_by_horizon.png"))
     if p_file.is_file():
         written.append(
             ppl_curve({out.name: json.loads(p_file.read_text())}, out / "plots" / "ppl_by_position.png")

@@ -1,0 +1,149 @@
+"""``longmoe eval --tasks agent``: episode success by horizon on the tool environments.
+
+Examples::
+
+    longmoe eval --tasks agent --model runs/sft --envs doclookup,calculator --horizons 1,2,4 --n 100
+    longmoe eval --tasks agent --base-url https://api.openai.com/v1 --api-model gpt-4o-mini \\
+        --api-key-env OPENAI_API_KEY --envs calculator --horizons 1,2,4,8 --n 50
+
+A local model is evaluated through the serving engine (``LocalAgent``: the server's prompt
+rendering, greedy, episodes batched by the engine); an endpoint through its function-calling API
+(``EndpointAgent``). Writes ``OUT/agent_episodes.jsonl``, ``OUT/agent_summary.{json,md}`` and
+``OUT/plots/agent_success_by_horizon.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+from typing import Any
+
+from tqdm import tqdm
+
+from longmoe.envs import ENVS, EnvConfigError, env_config, make_env
+from longmoe.eval.agent import EnvFactory, EpisodeResult, markdown_agent, run_agent_eval, write_agent_summary
+from longmoe.eval.agent_clients import AgentPolicy, EndpointAgent, LocalAgent
+from longmoe.eval.clients import ClientError
+from longmoe.eval.plots import plot_run
+
+DEFAULT_AGENT_MAX_TOKENS = 256  # per assistant turn
+
+
+def add_agent_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("agent tasks (--tasks agent)")
+    g.add_argument(
+        "--envs",
+        default=",".join(ENVS),
+        help=f"environments, comma-separated (default: all: {','.join(ENVS)})",
+    )
+    g.add_argument("--horizons", default="1,2,4", help="task horizons to score, e.g. 1,2,4,8 (default 1,2,4)")
+    g.add_argument(
+        "--env-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment config field (integer) for every env that has it, e.g. page_chars=2000",
+    )
+    g.add_argument(
+        "--concurrency",
+        type=int,
+        default=8,
+        help="episodes played at once (default 8; a local engine batches them)",
+    )
+    g.add_argument(
+        "--api-key-env", help="environment variable holding the endpoint's key (default OPENAI_API_KEY)"
+    )
+
+
+def _cells(args: argparse.Namespace) -> dict[tuple[str, int], EnvFactory]:
+    """``(env, horizon) -> factory``; bad names, horizons or options raise ``EnvConfigError``."""
+    names = [e.strip() for e in args.envs.split(",") if e.strip()]
+    try:
+        horizons = [int(h) for h in args.horizons.split(",") if h.strip()]
+    except ValueError:
+        raise EnvConfigError(
+            f"--horizons {args.horizons!r} is invalid: expected integers like 1,2,4"
+        ) from None
+    opts: dict[str, int] = {}
+    for kv in args.env_opt:
+        key, sep, value = kv.partition("=")
+        if not sep or not value.lstrip("-").isdigit():
+            raise EnvConfigError(f"--env-opt {kv!r} is invalid: expected KEY=INTEGER")
+        opts[key] = int(value)
+    unused = set(opts)
+    cells: dict[tuple[str, int], EnvFactory] = {}
+    for name in names:
+        if name not in ENVS:
+            raise EnvConfigError(f"--envs: environment {name!r} is unknown: expected one of {sorted(ENVS)}")
+        known = set(ENVS[name].config.__dataclass_fields__)
+        mine = {k: v for k, v in opts.items() if k in known}
+        unused -= set(mine)
+        for h in horizons:
+            env_config(name, **mine, horizon=h)  # validate now, not in a worker thread
+            cells[(name, h)] = _factory(name, {**mine, "horizon": h})
+    if unused:
+        raise EnvConfigError(f"--env-opt: no selected environment has field(s) {sorted(unused)}")
+    return cells
+
+
+def _factory(name: str, values: dict[str, Any]) -> EnvFactory:
+    return lambda: make_env(name, **values)
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    def error(msg: str) -> int:
+        print(f"longmoe eval: error: {msg}", file=sys.stderr)
+        return 2
+
+    if args.concurrency < 1:
+        return error(f"--concurrency {args.concurrency} is invalid: expected an integer >= 1")
+    try:
+        cells = _cells(args)
+    except EnvConfigError as e:
+        return error(str(e))
+    policy: AgentPolicy
+    try:
+        if args.endpoint is not None:
+            key = args.api_key or os.environ.get(args.api_key_env or "OPENAI_API_KEY")
+            if args.api_key_env and not key:
+                return error(f"--api-key-env {args.api_key_env}: the variable is not set")
+            policy = EndpointAgent(args.endpoint, args.api_model or "", api_key=key, timeout=args.timeout)
+        else:
+            policy = LocalAgent(args.model, device=args.device, quantize=args.quantize)
+    except (ClientError, FileNotFoundError, ValueError) as e:
+        return error(str(e))
+    args.out.mkdir(parents=True, exist_ok=True)
+    n_eps = len(cells) * args.n
+    print(f"eval agent: {policy.name}: {len(cells)} (env, horizon) cells x n={args.n} = {n_eps} episodes")
+    bar = tqdm(total=n_eps, desc="episodes", unit="ep", disable=args.no_progress, dynamic_ncols=True)
+    lock = threading.Lock()
+
+    def tick(_: EpisodeResult) -> None:
+        with lock:
+            bar.update(1)
+
+    try:
+        results = run_agent_eval(
+            policy,
+            cells,
+            args.n,
+            args.out,
+            seed=args.seed,
+            max_tokens=args.max_tokens or DEFAULT_AGENT_MAX_TOKENS,
+            concurrency=args.concurrency,
+            progress=tick,
+        )
+    except ClientError as e:
+        return error(str(e))
+    finally:
+        bar.close()
+        policy.close()
+    summary = write_agent_summary(results, args.out, policy.name)
+    print(markdown_agent(summary))
+    if not args.no_plots:
+        for p in plot_run(args.out):
+            print(f"wrote {p}")
+    print(f"results in {args.out}")
+    return 0

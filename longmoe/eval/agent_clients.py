@@ -1,0 +1,174 @@
+"""Policies the agent evaluation can ask for an assistant turn: a local model or any OpenAI endpoint.
+
+Each has ``turn(messages, tools, max_tokens) -> AgentReply``: the parsed turn the environment
+steps on, the message to append to the conversation, and the token counts. Decoding is greedy.
+
+- ``LocalAgent``: a model directory through the serving engine (the same prompt rendering as the
+  server: ``Engine.encode_chat(messages, tools)``); the generated ids are decoded with special
+  tokens kept and parsed with ``parse_assistant``, so a malformed call is seen exactly. Episodes run
+  in threads share the engine's batched decode.
+- ``EndpointAgent``: ``POST {url}/v1/chat/completions`` with ``tools`` and ``tool_choice: "auto"``
+  (OpenAI function calling). ``message.tool_calls`` become the turn's calls; a call whose
+  ``arguments`` are not a JSON object makes the turn malformed. A server that returns a broken call
+  as plain text (longmoe's does, as most do) shows it as a wrong final answer, not as malformed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from longmoe.data.chat import AssistantTurn, ToolCall, parse_assistant
+from longmoe.envs.episode import assistant_message
+from longmoe.eval.clients import LOCAL_MAX_CONTEXT, PREFILL_CHUNK, ClientError
+from longmoe.serve.engine import Engine, EngineError
+from longmoe.serve.sampling import SamplingParams
+
+Message = dict[str, Any]
+
+
+class ContextOverflow(ClientError):
+    """The conversation no longer fits the model's context: the episode ends (reward 0)."""
+
+
+@dataclass
+class AgentReply:
+    turn: AssistantTurn
+    message: Message  # to append to the conversation (OpenAI shape, call ids included)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class AgentPolicy(Protocol):
+    name: str
+
+    def turn(self, messages: list[Message], tools: list[dict[str, Any]], max_tokens: int) -> AgentReply: ...
+
+    def close(self) -> None: ...
+
+
+class LocalAgent:
+    """A local model directory (or training run) through the engine, greedy."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        device: str = "cpu",
+        max_context: int = LOCAL_MAX_CONTEXT,
+        quantize: str | None = None,
+    ) -> None:
+        self.name = str(path)
+        self.engine = Engine.from_dir(
+            path, device=device, max_context=max_context, prefill_chunk=PREFILL_CHUNK, quantize=quantize
+        )
+        self._ids = itertools.count(1)
+
+    def turn(self, messages: list[Message], tools: list[dict[str, Any]], max_tokens: int) -> AgentReply:
+        try:
+            ids = self.engine.encode_chat(messages, tools)
+            c = self.engine.generate(ids, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+        except EngineError as e:
+            raise ContextOverflow(str(e)) from None
+        if c.finish_reason == "error":
+            raise ClientError(f"engine failed: {c.error}")
+        turn = parse_assistant(self.engine.tokenizer.decode(c.token_ids, skip_special_tokens=False))
+        calls = tuple(replace(tc, id=f"call_{next(self._ids)}") for tc in turn.tool_calls)
+        turn = replace(turn, tool_calls=calls)
+        return AgentReply(turn, assistant_message(turn), c.prompt_tokens, c.completion_tokens)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def turn_from_message(msg: dict[str, Any]) -> AssistantTurn:
+    """An OpenAI response ``message`` as a parsed turn (arguments that are not a JSON object:
+    malformed, with the reason)."""
+    content = msg.get("content") or ""
+    calls: list[ToolCall] = []
+    for j, tc in enumerate(msg.get("tool_calls") or []):
+        fn = tc.get("function") or {}
+        name, raw = fn.get("name"), fn.get("arguments") or "{}"
+        try:
+            args = json.loads(raw) if isinstance(raw, str) else raw
+        except json.JSONDecodeError as e:
+            return AssistantTurn(content, tuple(calls), f"tool call {j}: arguments are not JSON ({e.msg})")
+        if not isinstance(name, str) or not name or not isinstance(args, dict):
+            return AssistantTurn(
+                content, tuple(calls), f"tool call {j}: expected a name and object arguments"
+            )
+        calls.append(ToolCall(name, args, tc.get("id")))
+    return AssistantTurn(content, tuple(calls))
+
+
+class EndpointAgent:
+    """Any OpenAI-compatible ``/v1/chat/completions`` with function calling."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ClientError(f"endpoint {url!r} is invalid: expected an http:// or https:// URL")
+        if not model:
+            raise ClientError("an endpoint needs --api-model (the model name the server expects)")
+        base = url.rstrip("/")
+        base = base[: -len("/v1")] if base.endswith("/v1") else base
+        self.url, self.model, self.name = f"{base}/v1/chat/completions", model, f"{model}@{base}"
+        self.retries, self.backoff = retries, backoff
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(timeout=timeout, headers=headers)
+
+    def turn(self, messages: list[Message], tools: list[dict[str, Any]], max_tokens: int) -> AgentReply:
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "tools": tools,
+            "tool_choice": "auto",
+            "temperature": 0.0,
+            "max_tokens": max_tokens,
+        }
+        r = self._post(body)
+        try:
+            data = r.json()
+            msg = data["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise ClientError(f"{self.url} returned an unexpected body: {r.text[:300]}") from e
+        turn = turn_from_message(msg)
+        keep: Message = {"role": "assistant", "content": msg.get("content")}
+        if msg.get("tool_calls"):
+            keep["tool_calls"] = msg["tool_calls"]
+        usage = data.get("usage") or {}
+        return AgentReply(turn, keep, usage.get("prompt_tokens"), usage.get("completion_tokens"))
+
+    def _post(self, body: dict[str, Any]) -> httpx.Response:
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                r = self.http.post(self.url, json=body)
+            except httpx.TransportError as e:  # connection refused/reset, timeout
+                last = e
+            else:
+                if r.status_code == 200:
+                    return r
+                if r.status_code == 400 and "context" in r.text:
+                    raise ContextOverflow(f"{self.url}: {r.text[:300]}")
+                if r.status_code < 500 and r.status_code != 429:
+                    raise ClientError(f"{self.url} answered HTTP {r.status_code}: {r.text[:300]}")
+                last = ClientError(f"{self.url} answered HTTP {r.status_code}: {r.text[:200]}")
+            if attempt < self.retries:
+                time.sleep(min(8.0, self.backoff * 2**attempt))
+        raise ClientError(f"{self.url} failed after {self.retries + 1} tries: {last}")
+
+    def close(self) -> None:
+        self.http.close()
