@@ -61,7 +61,7 @@ def run_episode(
     res = EpisodeResult(env.name, env.horizon, seed)
     for _ in range(max_turns):
         try:
-            reply = policy.turn(messages, env.tools, max_tokens)
+            reply = policy.turn(messages, env, max_tokens)
         except ContextOverflow:
             res.overflow = True
             return res

@@ -3,13 +3,16 @@
 Examples::
 
     longmoe eval --tasks agent --model runs/sft --envs doclookup,calculator --horizons 1,2,4 --n 100
+    longmoe eval --tasks agent --expert --envs doclookup --horizons 1,2,4,8   # the reference run
     longmoe eval --tasks agent --base-url https://api.openai.com/v1 --api-model gpt-4o-mini \\
         --api-key-env OPENAI_API_KEY --envs calculator --horizons 1,2,4,8 --n 50
 
 A local model is evaluated through the serving engine (``LocalAgent``: the server's prompt
 rendering, greedy, episodes batched by the engine); an endpoint through its function-calling API
 (``EndpointAgent``). Writes ``OUT/agent_episodes.jsonl``, ``OUT/agent_summary.{json,md}`` and
-``OUT/plots/agent_success_by_horizon.png``.
+``OUT/plots/agent_success_by_horizon.png``. ``--expert`` plays the environments' scripted expert
+instead of a model: success 1.0 by construction, so it checks the setup and shows how long the
+episodes get (tokens counted with ``--tokenizer``, default the standard-library BPE).
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from longmoe.checkpoint import TOKENIZER_FILE
+from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
 from longmoe.envs import ENVS, EnvConfigError, env_config, make_env
 from longmoe.eval.agent import EnvFactory, EpisodeResult, markdown_agent, run_agent_eval, write_agent_summary
-from longmoe.eval.agent_clients import AgentPolicy, EndpointAgent, LocalAgent
+from longmoe.eval.agent_clients import AgentPolicy, EndpointAgent, ExpertAgent, LocalAgent
 from longmoe.eval.clients import ClientError
 from longmoe.eval.plots import plot_run
 
@@ -51,6 +56,9 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=8,
         help="episodes played at once (default 8; a local engine batches them)",
+    )
+    g.add_argument(
+        "--expert", action="store_true", help="play the scripted expert instead of a model (a reference run)"
     )
     g.add_argument(
         "--api-key-env", help="environment variable holding the endpoint's key (default OPENAI_API_KEY)"
@@ -97,6 +105,10 @@ def run_agent(args: argparse.Namespace) -> int:
         print(f"longmoe eval: error: {msg}", file=sys.stderr)
         return 2
 
+    if sum((args.model is not None, args.endpoint is not None, args.expert)) != 1:
+        return error("give exactly one of --model DIR, --endpoint URL or --expert")
+    if args.n < 1:
+        return error(f"--n {args.n} is invalid: expected an integer >= 1")
     if args.concurrency < 1:
         return error(f"--concurrency {args.concurrency} is invalid: expected an integer >= 1")
     try:
@@ -105,7 +117,12 @@ def run_agent(args: argparse.Namespace) -> int:
         return error(str(e))
     policy: AgentPolicy
     try:
-        if args.endpoint is not None:
+        if args.expert:
+            path = args.tokenizer
+            path = path / TOKENIZER_FILE if path is not None and path.is_dir() else path
+            tok = Tokenizer.from_file(path) if path is not None else tokenizer_for_tests(2048)
+            policy = ExpertAgent(tok)
+        elif args.endpoint is not None:
             key = args.api_key or os.environ.get(args.api_key_env or "OPENAI_API_KEY")
             if args.api_key_env and not key:
                 return error(f"--api-key-env {args.api_key_env}: the variable is not set")

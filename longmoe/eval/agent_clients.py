@@ -1,7 +1,9 @@
 """Policies the agent evaluation can ask for an assistant turn: a local model or any OpenAI endpoint.
 
-Each has ``turn(messages, tools, max_tokens) -> AgentReply``: the parsed turn the environment
+Each has ``turn(messages, env, max_tokens) -> AgentReply``: the parsed turn the environment
 steps on, the message to append to the conversation, and the token counts. Decoding is greedy.
+Model policies read only ``messages`` and ``env.tools``; ``ExpertAgent`` asks ``env.expert()`` (a
+reference run: the loop and the environments at success 1.0, and their token counts).
 
 - ``LocalAgent``: a model directory through the serving engine (the same prompt rendering as the
   server: ``Engine.encode_chat(messages, tools)``); the generated ids are decoded with special
@@ -24,7 +26,9 @@ from typing import Any, Protocol
 
 import httpx
 
-from longmoe.data.chat import AssistantTurn, ToolCall, parse_assistant
+from longmoe.data.chat import AssistantTurn, ToolCall, parse_assistant, render_message, render_messages
+from longmoe.data.tokenizer import Tokenizer
+from longmoe.envs import Env
 from longmoe.envs.episode import assistant_message
 from longmoe.eval.clients import LOCAL_MAX_CONTEXT, PREFILL_CHUNK, ClientError
 from longmoe.serve.engine import Engine, EngineError
@@ -48,9 +52,32 @@ class AgentReply:
 class AgentPolicy(Protocol):
     name: str
 
-    def turn(self, messages: list[Message], tools: list[dict[str, Any]], max_tokens: int) -> AgentReply: ...
+    def turn(self, messages: list[Message], env: Env, max_tokens: int) -> AgentReply: ...
 
     def close(self) -> None: ...
+
+
+class ExpertAgent:
+    """The environment's scripted expert; tokens counted with ``tokenizer`` as a local model would."""
+
+    name = "expert"
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._ids = itertools.count(1)
+
+    def turn(self, messages: list[Message], env: Env, max_tokens: int) -> AgentReply:
+        turn = env.expert()
+        turn = replace(
+            turn, tool_calls=tuple(replace(tc, id=f"call_{next(self._ids)}") for tc in turn.tool_calls)
+        )
+        msg = assistant_message(turn)
+        prompt = len(self.tokenizer.encode(render_messages(messages, tools=env.tools)))
+        body = render_message(msg)[1]
+        return AgentReply(turn, msg, prompt, len(self.tokenizer.encode(body)))
+
+    def close(self) -> None:
+        pass
 
 
 class LocalAgent:
@@ -69,9 +96,9 @@ class LocalAgent:
         )
         self._ids = itertools.count(1)
 
-    def turn(self, messages: list[Message], tools: list[dict[str, Any]], max_tokens: int) -> AgentReply:
+    def turn(self, messages: list[Message], env: Env, max_tokens: int) -> AgentReply:
         try:
-            ids = self.engine.encode_chat(messages, tools)
+            ids = self.engine.encode_chat(messages, env.tools)
             c = self.engine.generate(ids, SamplingParams(max_tokens=max_tokens, temperature=0.0))
         except EngineError as e:
             raise ContextOverflow(str(e)) from None
@@ -129,11 +156,11 @@ class EndpointAgent:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(timeout=timeout, headers=headers)
 
-    def turn(self, messages: list[Message], tools: list[dict[str, Any]], max_tokens: int) -> AgentReply:
+    def turn(self, messages: list[Message], env: Env, max_tokens: int) -> AgentReply:
         body = {
             "model": self.model,
             "messages": messages,
-            "tools": tools,
+            "tools": env.tools,
             "tool_choice": "auto",
             "temperature": 0.0,
             "max_tokens": max_tokens,

@@ -120,16 +120,16 @@ def _error(msg: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.tasks is not None and "agent" in args.tasks.split(","):
+        if args.tasks.strip() != "agent" or args.ppl_by_position:
+            return _error("--tasks agent runs alone (no other tasks, no --ppl-by-position)")
+        return run_agent(args)
     if (args.model is None) == (args.endpoint is None):
         return _error("give exactly one of --model DIR or --endpoint URL")
     if args.ppl_by_position and args.model is None:
         return _error("--ppl-by-position needs --model (it reads the model's losses directly)")
     if args.n < 1:
         return _error(f"--n {args.n} is invalid: expected an integer >= 1")
-    if args.tasks is not None and "agent" in args.tasks.split(","):
-        if args.tasks.strip() != "agent" or args.ppl_by_position:
-            return _error("--tasks agent runs alone (no other tasks, no --ppl-by-position)")
-        return run_agent(args)
     try:
         task_spec = (
             args.tasks if args.tasks is not None else (None if args.ppl_by_position else DEFAULT_TASKS)

@@ -50,8 +50,8 @@ class Scripted:
     def __init__(self, kind: str = "expert") -> None:
         self.kind = kind
 
-    def turn(self, messages, tools, max_tokens):
-        assert messages[0]["role"] == "system" and tools == _here.env.tools
+    def turn(self, messages, env, max_tokens):
+        assert messages[0]["role"] == "system" and env is _here.env
         if self.kind == "overflow":
             raise ContextOverflow("too long")
         if self.kind == "malformed":
@@ -59,7 +59,7 @@ class Scripted:
         elif self.kind == "wrong":
             turn = AssistantTurn("no idea")
         else:
-            turn = _here.env.expert()
+            turn = env.expert()
         msg = {"role": "assistant", "content": turn.content}
         return AgentReply(turn, msg, prompt_tokens=100 + len(messages), completion_tokens=7)
 
@@ -210,3 +210,17 @@ def test_cli_endpoint_is_longmoe_server(model_dir, tmp_path, monkeypatch):
 def test_cli_errors(model_dir, tmp_path, capsys, extra, message):
     assert main(["eval", "--model", str(model_dir), *ARGS, *extra, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_expert_reference(tmp_path, capsys):
+    """--expert: the scripted expert through the same loop, success 1 everywhere; its episodes
+    grow with the horizon (tokens counted with the standard-library BPE)."""
+    out = tmp_path / "expert"
+    argv = ["eval", "--tasks", "agent", "--expert", "--envs", "doclookup", "--horizons", "1,3", "--n", "2"]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    s = json.loads((out / "agent_summary.json").read_text())
+    assert s["overall"]["success"] == 1.0 and s["model"] == "expert"
+    short, long = s["by_horizon"]
+    assert short["horizon"] == 1 and long["horizon"] == 3 and long["tokens"] > short["tokens"] > 0
+    assert main([*argv, "--model", "x", "--out", str(out)]) == 2
+    assert "exactly one of --model DIR, --endpoint URL or --expert" in capsys.readouterr().err
