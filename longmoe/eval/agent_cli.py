@@ -7,9 +7,10 @@ Examples::
     longmoe eval --tasks agent --base-url https://api.openai.com/v1 --api-model gpt-4o-mini \\
         --api-key-env OPENAI_API_KEY --envs calculator --horizons 1,2,4,8 --n 50
 
-A local model is evaluated through the serving engine (``LocalAgent``: the server's prompt
-rendering, greedy, episodes batched by the engine); an endpoint through its function-calling API
-(``EndpointAgent``). Writes ``OUT/agent_episodes.jsonl``, ``OUT/agent_summary.{json,md}`` and
+A local model is evaluated through RL's batched rollouts in the engine (``eval.agent_local``:
+greedy, every episode at once, each keeping its cache across turns); an endpoint through its
+function-calling API (``EndpointAgent``, ``--concurrency`` episodes at a time). Writes
+``OUT/agent_episodes.jsonl``, ``OUT/agent_summary.{json,md}`` and
 ``OUT/plots/agent_success_by_horizon.png``. ``--expert`` plays the environments' scripted expert
 instead of a model: success 1.0 by construction, so it checks the setup and shows how long the
 episodes get (tokens counted with ``--tokenizer``, default the standard-library BPE).
@@ -29,9 +30,11 @@ from longmoe.checkpoint import TOKENIZER_FILE
 from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
 from longmoe.envs import ENVS, EnvConfigError, env_config, make_env
 from longmoe.eval.agent import EnvFactory, EpisodeResult, markdown_agent, run_agent_eval, write_agent_summary
-from longmoe.eval.agent_clients import AgentPolicy, EndpointAgent, ExpertAgent, LocalAgent
-from longmoe.eval.clients import ClientError
+from longmoe.eval.agent_clients import AgentPolicy, EndpointAgent, ExpertAgent
+from longmoe.eval.agent_local import run_local_eval
+from longmoe.eval.clients import LOCAL_MAX_CONTEXT, PREFILL_CHUNK, ClientError
 from longmoe.eval.plots import plot_run
+from longmoe.serve.engine import Engine
 
 DEFAULT_AGENT_MAX_TOKENS = 256  # per assistant turn
 
@@ -115,7 +118,8 @@ def run_agent(args: argparse.Namespace) -> int:
         cells = _cells(args)
     except EnvConfigError as e:
         return error(str(e))
-    policy: AgentPolicy
+    policy: AgentPolicy | None = None
+    engine: Engine | None = None
     try:
         if args.expert:
             path = args.tokenizer
@@ -128,36 +132,41 @@ def run_agent(args: argparse.Namespace) -> int:
                 return error(f"--api-key-env {args.api_key_env}: the variable is not set")
             policy = EndpointAgent(args.endpoint, args.api_model or "", api_key=key, timeout=args.timeout)
         else:
-            policy = LocalAgent(args.model, device=args.device, quantize=args.quantize)
+            engine = Engine.from_dir(
+                args.model,
+                device=args.device,
+                max_context=LOCAL_MAX_CONTEXT,
+                prefill_chunk=PREFILL_CHUNK,
+                quantize=args.quantize,
+            )
     except (ClientError, FileNotFoundError, ValueError) as e:
         return error(str(e))
+    name = policy.name if policy is not None else str(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
     n_eps = len(cells) * args.n
-    print(f"eval agent: {policy.name}: {len(cells)} (env, horizon) cells x n={args.n} = {n_eps} episodes")
+    print(f"eval agent: {name}: {len(cells)} (env, horizon) cells x n={args.n} = {n_eps} episodes")
     bar = tqdm(total=n_eps, desc="episodes", unit="ep", disable=args.no_progress, dynamic_ncols=True)
     lock = threading.Lock()
 
-    def tick(_: EpisodeResult) -> None:
+    def tick(done: EpisodeResult | list[EpisodeResult]) -> None:
         with lock:
-            bar.update(1)
+            bar.update(len(done) if isinstance(done, list) else 1)
 
+    max_tokens = args.max_tokens or DEFAULT_AGENT_MAX_TOKENS
     try:
-        results = run_agent_eval(
-            policy,
-            cells,
-            args.n,
-            args.out,
-            seed=args.seed,
-            max_tokens=args.max_tokens or DEFAULT_AGENT_MAX_TOKENS,
-            concurrency=args.concurrency,
-            progress=tick,
-        )
+        if engine is not None:
+            results = run_local_eval(engine, cells, args.n, args.out, args.seed, max_tokens, progress=tick)
+        else:
+            assert policy is not None
+            results = run_agent_eval(
+                policy, cells, args.n, args.out, args.seed, max_tokens, args.concurrency, progress=tick
+            )
     except ClientError as e:
         return error(str(e))
     finally:
         bar.close()
-        policy.close()
-    summary = write_agent_summary(results, args.out, policy.name)
+        (engine or policy).close()
+    summary = write_agent_summary(results, args.out, name)
     print(markdown_agent(summary))
     if not args.no_plots:
         for p in plot_run(args.out):

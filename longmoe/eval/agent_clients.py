@@ -5,10 +5,8 @@ steps on, the message to append to the conversation, and the token counts. Decod
 Model policies read only ``messages`` and ``env.tools``; ``ExpertAgent`` asks ``env.expert()`` (a
 reference run: the loop and the environments at success 1.0, and their token counts).
 
-- ``LocalAgent``: a model directory through the serving engine (the same prompt rendering as the
-  server: ``Engine.encode_chat(messages, tools)``); the generated ids are decoded with special
-  tokens kept and parsed with ``parse_assistant``, so a malformed call is seen exactly. Episodes run
-  in threads share the engine's batched decode.
+A local model does not go through a policy here: ``eval.agent_local`` runs RL's batched rollouts.
+
 - ``EndpointAgent``: ``POST {url}/v1/chat/completions`` with ``tools`` and ``tool_choice: "auto"``
   (OpenAI function calling). ``message.tool_calls`` become the turn's calls; a call whose
   ``arguments`` are not a JSON object makes the turn malformed. A server that returns a broken call
@@ -21,18 +19,15 @@ import itertools
 import json
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
-from longmoe.data.chat import AssistantTurn, ToolCall, parse_assistant, render_message, render_messages
+from longmoe.data.chat import AssistantTurn, ToolCall, render_message, render_messages
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.envs import Env
 from longmoe.envs.episode import assistant_message
-from longmoe.eval.clients import LOCAL_MAX_CONTEXT, PREFILL_CHUNK, ClientError
-from longmoe.serve.engine import Engine, EngineError
-from longmoe.serve.sampling import SamplingParams
+from longmoe.eval.clients import ClientError
 
 Message = dict[str, Any]
 
@@ -78,39 +73,6 @@ class ExpertAgent:
 
     def close(self) -> None:
         pass
-
-
-class LocalAgent:
-    """A local model directory (or training run) through the engine, greedy."""
-
-    def __init__(
-        self,
-        path: str | Path,
-        device: str = "cpu",
-        max_context: int = LOCAL_MAX_CONTEXT,
-        quantize: str | None = None,
-    ) -> None:
-        self.name = str(path)
-        self.engine = Engine.from_dir(
-            path, device=device, max_context=max_context, prefill_chunk=PREFILL_CHUNK, quantize=quantize
-        )
-        self._ids = itertools.count(1)
-
-    def turn(self, messages: list[Message], env: Env, max_tokens: int) -> AgentReply:
-        try:
-            ids = self.engine.encode_chat(messages, env.tools)
-            c = self.engine.generate(ids, SamplingParams(max_tokens=max_tokens, temperature=0.0))
-        except EngineError as e:
-            raise ContextOverflow(str(e)) from None
-        if c.finish_reason == "error":
-            raise ClientError(f"engine failed: {c.error}")
-        turn = parse_assistant(self.engine.tokenizer.decode(c.token_ids, skip_special_tokens=False))
-        calls = tuple(replace(tc, id=f"call_{next(self._ids)}") for tc in turn.tool_calls)
-        turn = replace(turn, tool_calls=calls)
-        return AgentReply(turn, assistant_message(turn), c.prompt_tokens, c.completion_tokens)
-
-    def close(self) -> None:
-        self.engine.close()
 
 
 def turn_from_message(msg: dict[str, Any]) -> AssistantTurn:

@@ -1,7 +1,8 @@
 """Agent evaluation: the episode loop and its statistics on the real environments with scripted
 policies (the expert always succeeds, broken turns count as malformed, overflow ends an episode),
 the endpoint client's function-calling plumbing (a mock OpenAI server playing the expert), and
-``longmoe eval --tasks agent`` end to end on a tiny model, locally and through longmoe's server."""
+``longmoe eval --tasks agent`` end to end on a tiny model, locally (RL's rollouts) and through
+longmoe's server."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import httpx
 import pytest
 import torch
 
+from longmoe.agent.rollout import Trajectory, TurnRecord
 from longmoe.cli import main
 from longmoe.config import preset
 from longmoe.data.chat import AssistantTurn, ToolCall
@@ -26,6 +28,7 @@ from longmoe.eval.agent import (
     summarize,
 )
 from longmoe.eval.agent_clients import AgentReply, ContextOverflow, EndpointAgent, turn_from_message
+from longmoe.eval.agent_local import episode_result
 from longmoe.eval.plots import plot_run
 from longmoe.model import LongMoE
 from longmoe.serve.api import create_app, serve_in_thread
@@ -224,3 +227,18 @@ def test_cli_expert_reference(tmp_path, capsys):
     assert short["horizon"] == 1 and long["horizon"] == 3 and long["tokens"] > short["tokens"] > 0
     assert main([*argv, "--model", "x", "--out", str(out)]) == 2
     assert "exactly one of --model DIR, --endpoint URL or --expert" in capsys.readouterr().err
+
+
+def test_trajectory_to_episode_result():
+    """A rollout's trajectory maps to the eval record: tokens = trajectory length, generated =
+    policy tokens; cut by the context (no env info) is overflow, the env's turn limit truncation."""
+    t = Trajectory(0, HELD_OUT_SEED_BASE, 0, 2, ids=[1] * 10, policy_mask=[False] * 6 + [True] * 4)
+    t.turns = [TurnRecord(6, 10, "s")]
+    t.reward, t.success, t.info = 1.0, True, {"tool_calls": 2, "tool_errors": 1, "truncated": False}
+    r = episode_result("calculator", t)
+    assert (r.env, r.horizon, r.success, r.tokens, r.generated, r.turns) == ("calculator", 2, True, 10, 4, 1)
+    assert (r.tool_calls, r.tool_errors, r.overflow, r.truncated) == (2, 1, False, False)
+    t.truncated, t.info = True, {}
+    assert episode_result("c", t).overflow and not episode_result("c", t).truncated
+    t.info = {"truncated": True}
+    assert episode_result("c", t).truncated and not episode_result("c", t).overflow
