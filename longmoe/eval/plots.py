@@ -120,7 +120,7 @@ def success_by_horizon(runs: dict[str, dict[str, Any]], path: str | Path) -> Pat
         ax.set_xticks(hs)
         ax.set_ylim(-0.05, 1.05)
         ax.set_title(env)
-        ax.set_xlabel("horizon (required steps)")
+        ax.set_xlabel("horizon")
     axes[0][0].set_ylabel("episode success")
     axes[0][-1].legend(fontsize=8)
     return _save(fig, path)

@@ -66,7 +66,7 @@ def test_function_calling_flow(client):
     validate(args, SCHEMAS["get_weather"])
     messages = [
         *ASK,
-        choice.message.model_dump(exclude_none=True),
+        choice.message,  # the response's message object, sent back as it is
         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 3, "sky": "snow"})},
     ]
     r2 = client.chat.completions.create(
@@ -76,6 +76,16 @@ def test_function_calling_flow(client):
     assert final.finish_reason in ("stop", "length") and final.message.tool_calls is None
     assert isinstance(final.message.content, str) and "<|" not in final.message.content
     assert r2.usage.prompt_tokens > r.usage.prompt_tokens  # the call and its result are in the prompt
+
+
+def test_openai_style_assistant_message_is_accepted(server):
+    """An assistant message as OpenAI returns it (refusal, annotations) can be sent back."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "ping", "arguments": "{}"}}
+    msg = {"role": "assistant", "content": None, "refusal": None, "annotations": [], "tool_calls": [call]}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "pong"}
+    body = {"model": "tiny", "messages": [*ASK, msg, result], "tools": TOOLS, "max_tokens": 2}
+    r = httpx.post(server[1] + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
 
 
 def test_streamed_flow_matches_whole(client):

@@ -137,6 +137,9 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    # what an OpenAI response's assistant message also carries, accepted when it is sent back (ignored)
+    refusal: str | None = None
+    annotations: list[dict[str, Any]] | None = None
 
 
 class FunctionDef(_Strict):
