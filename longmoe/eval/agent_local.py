@@ -62,7 +62,7 @@ def run_local_eval(
 
     def cell(item: tuple[tuple[str, int], EnvFactory]) -> list[EpisodeResult]:
         (name, _), make = item
-        rs = [episode_result(name, t) for t in collect(engine, make, seeds, cfg)]
+        rs = [episode_result(name, t) for t in collect(engine, lambda _task: make(), seeds, cfg)]
         if progress is not None:
             progress(rs)
         return rs
