@@ -15,7 +15,8 @@ the turn's ``<|end|>``. So generation always stops at ``<|end|>``, and a turn wh
 empty is a final answer. Tool results come back in order, one ``tool`` message per call.
 
 Tools are shown to the model in the system message: ``render_tools`` turns OpenAI function schemas
-into a block of text (one JSON line per tool) that ``with_tools`` appends to the first system message
+into a block of text (one ``- name(arg: type): description`` line per tool, the environments' format)
+that ``with_tools`` appends to the first system message
 (or makes one); ``render_messages`` and ``encode_chat`` take ``tools=`` and do that, so SFT, RL, the
 environments and the server all present tools identically.
 
@@ -121,12 +122,7 @@ def _call_from_message(call: Any, where: str) -> ToolCall:
     return ToolCall(name=name, arguments=args, id=call.get("id"))
 
 
-TOOLS_HEADER = (
-    "# Tools\n\n"
-    "You can call the tools below. To call one, write the tool-call marker and then one JSON object "
-    '{"name": <tool name>, "arguments": <an object matching its parameters>}. Each result comes '
-    "back in a tool message. When you know the answer, reply without a call."
-)
+TOOLS_HEADER = 'Tools (call one with a JSON object {"name": ..., "arguments": {...}}):'
 
 
 def _tool_function(tool: Any, where: str) -> dict[str, Any]:
@@ -138,17 +134,27 @@ def _tool_function(tool: Any, where: str) -> dict[str, Any]:
     return fn
 
 
+def _type_name(schema: Any) -> str:
+    """A parameter's JSON type as the tools block names it (``string``, ``integer|null``, ``any``)."""
+    t = schema.get("type") if isinstance(schema, dict) else None
+    if isinstance(t, str):
+        return t
+    if isinstance(t, list) and all(isinstance(x, str) for x in t):
+        return "|".join(t)
+    return "any"
+
+
 def render_tools(tools: list[dict[str, Any]]) -> str:
-    """The tools block of the system message: a fixed header, then one compact JSON line per tool
-    (``name``, ``description`` if any, ``parameters``), in the given order. Pure: same tools, same text."""
-    lines = [TOOLS_HEADER, ""]
+    """The tools block of the system message: a header line, then one line per tool in the given
+    order, ``- name(arg: type, ...): description``. Pure: same tools, same text."""
+    lines = [TOOLS_HEADER]
     for i, tool in enumerate(tools):
         fn = _tool_function(tool, f"tools[{i}]")
-        line = {"name": fn["name"]}
-        if fn.get("description"):
-            line["description"] = fn["description"]
-        line["parameters"] = fn.get("parameters") or {"type": "object", "properties": {}}
-        lines.append(json.dumps(line, ensure_ascii=False))
+        params = fn.get("parameters")
+        props = params.get("properties") if isinstance(params, dict) else None
+        args = ", ".join(f"{k}: {_type_name(v)}" for k, v in (props or {}).items())
+        desc = fn.get("description")
+        lines.append(f"- {fn['name']}({args})" + (f": {desc}" if desc else ""))
     return "\n".join(lines)
 
 

@@ -34,8 +34,8 @@ class EnvConfigError(UserError, ValueError):
 
 
 def describe_tools(tools: list[dict[str, Any]]) -> str:
-    """The tools as the opening system message lists them: ``data.chat.render_tools`` (one JSON line
-    per tool), the same block the server shows for a request's ``tools``.
+    """The tools as the opening system message lists them: ``data.chat.render_tools`` (one
+    ``name(arg: type, ...)`` line each), the same block the server shows for a request's ``tools``.
 
     The environments put this in their system message, so a trajectory is self-contained (SFT, RL
     and local evaluation render the same text); ``tools`` also goes to OpenAI-compatible endpoints,
