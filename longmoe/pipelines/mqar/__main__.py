@@ -1,0 +1,74 @@
+"""``python -m longmoe.pipelines.mqar``: the MQAR sweep (recall vs state capacity, length extrapolation).
+
+Runs the sanity cell first (it must be solved, else the sweep stops: the setup is broken), then every
+cell of the config at every learning rate, keeping the best; each finished run is stored as
+``OUT/runs/<cell>.json`` and a rerun skips it. Writes ``OUT/report.md``, ``OUT/results.json`` and
+``OUT/plots/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from longmoe.pipelines.mqar.config import CONFIG_FILE, SweepConfig
+from longmoe.pipelines.mqar.run import run_sweep
+
+MODULE = "longmoe.pipelines.mqar"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
+    p.add_argument(
+        "--config", type=Path, default=CONFIG_FILE, help="sweep settings (default: config.json here)"
+    )
+    p.add_argument("--out", type=Path, default=Path("runs/mqar"), help="output directory (default runs/mqar)")
+    p.add_argument(
+        "--patterns", help="comma-separated layer patterns, e.g. L,M,LLLM,LM (overrides the config)"
+    )
+    p.add_argument("--pairs", help="comma-separated pair counts, e.g. 4,16,32 (overrides the config)")
+    p.add_argument("--d-models", help="comma-separated widths, e.g. 64,128 (overrides the config)")
+    p.add_argument("--lrs", help="comma-separated learning rates (overrides the config)")
+    p.add_argument("--seeds", help="comma-separated seeds (overrides the config)")
+    p.add_argument("--steps", type=int, help="step budget per run (overrides the config)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (default 1)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 2 patterns, 1 lr, 30 steps")
+    return p.parse_args(argv)
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",")]
+
+
+def load_config(args: argparse.Namespace) -> SweepConfig:
+    d = SweepConfig.load(args.config).to_dict()
+    if args.quick:
+        d.update(patterns=["LM", "M"], pairs=[2], lrs=[3e-3], positions=["none"], steps=30, eval_every=10,
+                 eval_n=16, eval_multiples=[1, 4], batch_size=8, train_len=32, vocab_size=64,
+                 sanity={"pattern": "LM", "d_model": 32, "n_pairs": 2, "position": "none", "lr": 3e-3,
+                         "seed": 0},
+                 d_models=[32])  # fmt: skip
+    for name, conv in (("patterns", lambda s: s.split(",")), ("pairs", _ints), ("d_models", _ints),
+                       ("lrs", lambda s: [float(x) for x in s.split(",")]), ("seeds", _ints)):  # fmt: skip
+        v = getattr(args, name)
+        if v is not None:
+            d[name] = conv(v)
+    if args.steps is not None:
+        d["steps"] = args.steps
+    return SweepConfig.from_dict(d)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        rc = load_config(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"mqar: error: {e}", file=sys.stderr)
+        return 2
+    result = run_sweep(rc, args.out, jobs=max(1, args.jobs), require_sanity=not args.quick)
+    return 0 if result.sanity is not None and (result.sanity.solved or args.quick) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

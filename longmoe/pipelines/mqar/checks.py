@@ -1,0 +1,107 @@
+"""The issue's expectations for MQAR, checked against the best run per cell, with their noise.
+
+The noise of an accuracy measured on ``n`` answers is its binomial standard error
+``sqrt(p (1 - p) / n)``; with several seeds the report also shows their spread.
+"""
+
+from __future__ import annotations
+
+import math
+
+from longmoe.pipelines.mqar.config import SweepConfig
+from longmoe.pipelines.mqar.result import Check, RunResult
+
+HYBRIDS = ("LM", "LLLM")
+
+
+def answers(rc: SweepConfig, n_pairs: int) -> int:
+    """Answers behind one accuracy number: every held-out row asks all of its pairs."""
+    return rc.eval_n * n_pairs
+
+
+def se(p: float, n: int) -> float:
+    return math.sqrt(max(p * (1 - p), 0.25 / n) / n) if n else math.nan  # floor: ~one answer's worth
+
+
+def _cells(runs: list[RunResult], pattern: str, position: str = "none") -> list[RunResult]:
+    return sorted(
+        (r for r in runs if r.cell.pattern == pattern and r.cell.position == position),
+        key=lambda r: (r.cell.n_pairs, r.cell.d_model, r.cell.seed),
+    )
+
+
+def _describe(rc: SweepConfig, rs: list[RunResult], length: int) -> str:
+    return "; ".join(
+        f"d{r.cell.d_model} p{r.cell.n_pairs} s{r.cell.seed}: {r.acc(length):.3f} "
+        f"± {se(r.acc(length), answers(rc, r.cell.n_pairs)):.3f}"
+        for r in rs
+    )
+
+
+def _all_solved(claim: str, rc: SweepConfig, rs: list[RunResult], length: int) -> Check:
+    if not rs:
+        return Check(claim, "not measured", "no runs")
+    ok = all(r.acc(length) >= rc.target_accuracy for r in rs)
+    return Check(claim, "confirmed" if ok else "not confirmed", _describe(rc, rs, length))
+
+
+def expected_checks(rc: SweepConfig, best: list[RunResult]) -> list[Check]:
+    """Pure MLA solves every cell; pure KDA falls as pairs grow; the hybrids solve every cell; the
+    NoPE control; and recall past the training length."""
+    T, t = rc.train_len, rc.target_accuracy
+    out = [
+        _all_solved(f"pure MLA (M) reaches >= {t} at every width and pair count", rc, _cells(best, "M"), T)
+    ]
+    kda = _cells(best, "L")
+    if kda:
+        lo, hi = min(r.cell.n_pairs for r in kda), max(r.cell.n_pairs for r in kda)
+        small = [r for r in kda if r.cell.n_pairs == lo]
+        large = [r for r in kda if r.cell.n_pairs == hi]
+        falls = all(r.acc(T) >= t for r in small) and any(r.acc(T) < t for r in large)
+        out.append(
+            Check(
+                f"pure KDA (L) solves few pairs ({lo}) and falls below {t} with many ({hi})",
+                "confirmed" if falls else "not confirmed",
+                _describe(rc, kda, T),
+            )
+        )
+    for h in HYBRIDS:
+        if h in rc.patterns:
+            out.append(
+                _all_solved(
+                    f"hybrid {h} reaches >= {t} at every width and pair count", rc, _cells(best, h), T
+                )
+            )
+    m, mc = _cells(best, "M"), _cells(best, "M", "conv")
+    if m and mc:
+        gain = sum(r.acc(T) for r in mc) / len(mc) - sum(r.acc(T) for r in m) / len(m)
+        fixed = all(r.acc(T) >= t for r in mc) and any(r.acc(T) < t for r in m)
+        verdict = (
+            "confirmed: NoPE MLA needs a local position signal, not more state" if fixed else "not confirmed"
+        )
+        out.append(
+            Check(
+                "the NoPE control: a short causal conv before MLA (no extra state) fixes pure MLA",
+                verdict,
+                f"mean accuracy gain {gain:+.3f}; M+conv: {_describe(rc, mc, T)}",
+            )
+        )
+    for p in rc.patterns:
+        for pos in rc.positions:
+            rs = [r for r in _cells(best, p, pos) if r.acc(T) >= t]
+            if not rs:
+                continue
+            for m_ in rc.eval_multiples[1:]:
+                n = T * m_
+                holds = all(
+                    r.acc(n) >= r.acc(T) - 2 * se(r.acc(T), answers(rc, r.cell.n_pairs)) - 0.05 for r in rs
+                )
+                tag = "" if pos == "none" else f"+{pos}"
+                out.append(
+                    Check(
+                        f"{p}{tag} keeps its recall at {m_}x the training length ({n} tokens; within 0.05)",
+                        "confirmed" if holds else "not confirmed",
+                        _describe(rc, rs, n),
+                    )
+                )
+    return out

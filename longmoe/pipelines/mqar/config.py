@@ -1,0 +1,109 @@
+"""The sweep's settings (``config.json`` beside this file is the committed sweep; ``--quick`` a smoke run).
+
+A sweep trains one model per *cell* (pattern x d_model x pairs x position control x seed) at each
+learning rate of ``lrs`` and keeps the best (Zoology's protocol); ``sanity`` is an easy cell that
+must be solved first (a run that cannot solve it has a broken setup, not an interesting result).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from longmoe.config import JsonConfig
+from longmoe.pipelines.mqar.model import POSITIONS
+from longmoe.tasks.mqar import check_settings
+
+CONFIG_FILE = Path(__file__).with_name("config.json")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One training run: what model, which task setting, at which learning rate and seed."""
+
+    pattern: str
+    d_model: int
+    n_pairs: int
+    position: str = "none"
+    lr: float = 3e-3
+    seed: int = 0
+
+    @property
+    def key(self) -> str:
+        """The run's file name stem (``runs/<key>.json``)."""
+        return f"{self.pattern}-d{self.d_model}-p{self.n_pairs}-{self.position}-lr{self.lr:g}-s{self.seed}"
+
+    @property
+    def group(self) -> tuple[str, int, int, str, int]:
+        """The cell without its learning rate: the best lr of a group is kept."""
+        return (self.pattern, self.d_model, self.n_pairs, self.position, self.seed)
+
+
+@dataclass
+class SweepConfig(JsonConfig):
+    patterns: list[str] = field(default_factory=lambda: ["L", "M", "LLLM", "LM"])
+    d_models: list[int] = field(default_factory=lambda: [64])
+    pairs: list[int] = field(default_factory=lambda: [4, 16, 32])
+    positions: list[str] = field(default_factory=lambda: ["none", "conv"])
+    lrs: list[float] = field(default_factory=lambda: [1e-3, 3e-3])
+    seeds: list[int] = field(default_factory=lambda: [0])
+    vocab_size: int = 256
+    train_len: int = 128
+    eval_multiples: list[int] = field(default_factory=lambda: [1, 4, 16])
+    alpha: float = 0.1
+    steps: int = 400
+    batch_size: int = 32
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    eval_every: int = 25
+    eval_n: int = 128  # rows per accuracy measurement (n_pairs answers each)
+    target_accuracy: float = 0.99  # early stop once the held-out accuracy reaches it
+    attn_res: bool = False
+    init_std: float = 0.02  # ModelConfig.init_std
+    threads: int = 1
+    sanity: Cell = field(default_factory=lambda: Cell("LM", 64, 4, "none", 3e-3, 0))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sanity, dict):
+            self.sanity = Cell(**self.sanity)
+        bad = [p for p in self.patterns if not p or set(p) - {"L", "M"}]
+        if bad or not self.patterns:
+            raise ValueError(f"patterns={self.patterns} is invalid: expected strings of 'L' and 'M'")
+        if set(self.positions) - set(POSITIONS) or not self.positions:
+            raise ValueError(
+                f"positions={self.positions} is invalid: expected a non-empty list from {POSITIONS}"
+            )
+        for name in ("d_models", "pairs", "lrs", "seeds", "eval_multiples"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} is empty: expected at least one value")
+        if any(d < 2 or d % 2 for d in self.d_models):
+            raise ValueError(f"d_models={self.d_models} is invalid: expected even widths >= 2")
+        if any(not lr > 0 for lr in self.lrs):
+            raise ValueError(f"lrs={self.lrs} is invalid: expected learning rates > 0")
+        if any(m < 1 for m in self.eval_multiples):
+            raise ValueError(f"eval_multiples={self.eval_multiples} is invalid: expected integers >= 1")
+        for name in ("steps", "batch_size", "eval_every", "eval_n", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid: expected a positive integer")
+        if not self.init_std > 0:
+            raise ValueError(f"init_std={self.init_std} is invalid: expected a float > 0")
+        if not 0 < self.target_accuracy <= 1:
+            raise ValueError(f"target_accuracy={self.target_accuracy} is invalid: expected a float in (0, 1]")
+        for p in [*self.pairs, self.sanity.n_pairs]:  # every cell's task must be possible (TaskError)
+            check_settings(self.vocab_size, self.train_len, p, p, self.alpha)
+
+    def cells(self) -> list[Cell]:
+        """Every run of the sweep, cheapest first (small pairs and widths before large ones)."""
+        return [
+            Cell(pat, d, p, pos, lr, s)
+            for p in self.pairs
+            for d in self.d_models
+            for pos in self.positions
+            for pat in self.patterns
+            for s in self.seeds
+            for lr in self.lrs
+        ]
+
+    @property
+    def eval_lengths(self) -> list[int]:
+        return [self.train_len * m for m in self.eval_multiples]

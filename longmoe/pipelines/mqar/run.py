@@ -1,0 +1,144 @@
+"""The sweep's runs: train one cell to 0.99 held-out accuracy (or its step budget), test it at longer
+lengths, store it as ``OUT/runs/<cell>.json``; a rerun reads the stored runs instead of redoing them.
+
+Training batches are fresh MQAR rows every step (seeded by the cell's seed and the step: no epochs,
+no memorisation); the held-out rows use seeds no training step uses. The optimiser pieces are the
+pretraining ones (``param_groups``, ``lr_at``'s warmup + cosine, ``seed_everything``).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from longmoe.model import LongMoE
+from longmoe.pipelines.mqar.checks import expected_checks
+from longmoe.pipelines.mqar.config import Cell, SweepConfig
+from longmoe.pipelines.mqar.model import build, kda_state_numbers, model_config
+from longmoe.pipelines.mqar.report import write_report
+from longmoe.pipelines.mqar.result import RunResult, SweepResult
+from longmoe.tasks.mqar import answer_accuracy, mqar
+from longmoe.train.config import TrainConfig
+from longmoe.train.pretrain import lr_at, param_groups, seed_everything
+
+RUNS_DIR = "runs"
+CONFIG_OUT = "sweep_config.json"
+EVAL_SEED = 1 << 40  # held-out rows: far from every training seed (seed * 1_000_003 + step)
+GRAD_CLIP = 1.0
+
+
+def train_seed(cell: Cell, step: int) -> int:
+    return cell.seed * 1_000_003 + step
+
+
+@torch.no_grad()
+def accuracy(model: LongMoE, rc: SweepConfig, n_pairs: int, seq_len: int, chunk: int = 32) -> float:
+    """Held-out answer accuracy (greedy) on ``rc.eval_n`` rows of ``seq_len`` tokens."""
+    b = mqar(EVAL_SEED + seq_len, rc.eval_n, rc.vocab_size, seq_len, n_pairs, rc.alpha)
+    model.eval()
+    right = total = 0
+    for i in range(0, rc.eval_n, chunk):
+        r, t = answer_accuracy(model(b.input_ids[i : i + chunk]).logits, b.labels[i : i + chunk])
+        right, total = right + r, total + t
+    model.train()
+    return right / total
+
+
+def train_cell(cell: Cell, rc: SweepConfig, log: bool = False) -> RunResult:
+    """Train ``cell`` (early stop at ``rc.target_accuracy``), then measure every eval length."""
+    torch.set_num_threads(rc.threads)
+    cfg = model_config(cell.pattern, cell.d_model, rc.vocab_size, max(rc.eval_lengths), rc.attn_res, rc.init_std)
+    seed_everything(cell.seed)
+    model, trained = build(cfg, cell.position)
+    opt = torch.optim.AdamW(param_groups(trained, rc.weight_decay), lr=cell.lr, betas=(0.9, 0.98))
+    sched = TrainConfig(lr=cell.lr, warmup_steps=rc.warmup_steps, schedule="cosine")
+    t0 = time.perf_counter()
+    curve: list[tuple[int, float, float]] = []  # (step, train loss, held-out accuracy)
+    step, loss = 0, float("nan")
+    while step < rc.steps:
+        b = mqar(train_seed(cell, step), rc.batch_size, rc.vocab_size, rc.train_len, cell.n_pairs, rc.alpha)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, sched, rc.steps)
+        out = model(b.input_ids, labels=b.labels)
+        opt.zero_grad(set_to_none=True)
+        out.ce_loss.backward()
+        nn.utils.clip_grad_norm_(trained.parameters(), GRAD_CLIP)
+        opt.step()
+        step += 1
+        loss = float(out.ce_loss.detach())
+        if step % rc.eval_every == 0 or step == rc.steps:
+            acc = accuracy(model, rc, cell.n_pairs, rc.train_len)
+            curve.append((step, round(loss, 4), round(acc, 4)))
+            if log:
+                print(f"  {cell.key} step {step}: loss {loss:.3f} acc {acc:.3f}", flush=True)
+            if acc >= rc.target_accuracy:
+                break
+    t_train = time.perf_counter() - t0
+    by_len = {n: accuracy(model, rc, cell.n_pairs, n) for n in rc.eval_lengths}
+    return RunResult(
+        cell=cell,
+        params=sum(p.numel() for p in trained.parameters()),  # tied weights counted once
+        kda_state=kda_state_numbers(cfg),
+        steps=step,
+        solved=curve[-1][2] >= rc.target_accuracy,
+        train_seconds=round(t_train, 1),
+        curve=curve,
+        accuracy={str(n): round(a, 4) for n, a in by_len.items()},
+    )
+
+
+def run_cell(cell: Cell, rc: SweepConfig, out: Path, log: bool = False) -> RunResult:
+    """``train_cell``, or the stored result of a finished run (``OUT/runs/<key>.json``)."""
+    f = out / RUNS_DIR / f"{cell.key}.json"
+    if f.is_file():
+        return RunResult.from_dict(json.loads(f.read_text()))
+    r = train_cell(cell, rc, log)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_suffix(".tmp")
+    tmp.write_text(json.dumps(r.to_dict(), indent=2) + "\n")
+    tmp.replace(f)  # atomic: a killed run leaves no half-written result
+    return r
+
+
+def best_runs(runs: list[RunResult], length: int) -> list[RunResult]:
+    """Per cell group (all but the lr), the run with the best accuracy at ``length`` (ties: fewer steps)."""
+    groups: dict[tuple[str, int, int, str, int], RunResult] = {}
+    for r in runs:
+        g = r.cell.group
+        if g not in groups or (r.acc(length), -r.steps) > (groups[g].acc(length), -groups[g].steps):
+            groups[g] = r
+    return list(groups.values())
+
+
+def _run_one(args: tuple[Cell, SweepConfig, Path]) -> RunResult:
+    cell, rc, out = args
+    t0 = time.perf_counter()
+    r = run_cell(cell, rc, out)
+    print(f"{cell.key}: {r.steps} steps, acc {r.accuracy} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return r
+
+
+def run_sweep(rc: SweepConfig, out: Path, jobs: int = 1, require_sanity: bool = True) -> SweepResult:
+    """The sanity cell, then every cell at every lr (``jobs`` at a time), then the report."""
+    out.mkdir(parents=True, exist_ok=True)
+    rc.save(out / CONFIG_OUT)
+    sanity = _run_one((rc.sanity, rc, out))
+    if require_sanity and not sanity.solved:
+        print(f"sanity cell {rc.sanity.key} not solved ({sanity.accuracy}): the setup is broken; stopping")
+        return SweepResult([], [], [], sanity)
+    todo = [(c, rc, out) for c in rc.cells()]
+    if jobs > 1:
+        with mp.get_context("spawn").Pool(jobs) as pool:
+            runs = pool.map(_run_one, todo, chunksize=1)
+    else:
+        runs = [_run_one(t) for t in todo]
+    result = SweepResult(
+        runs, best_runs(runs, rc.train_len), expected_checks(rc, best_runs(runs, rc.train_len)), sanity
+    )
+    write_report(result, rc, out)
+    return result
