@@ -20,7 +20,7 @@ def answers(rc: SweepConfig, n_pairs: int) -> int:
 
 
 def se(p: float, n: int) -> float:
-    return math.sqrt(max(p * (1 - p), 0.25 / n) / n) if n else math.nan  # floor: ~one answer's worth
+    return math.sqrt(p * (1 - p) / n) if n else math.nan
 
 
 def _cells(runs: list[RunResult], pattern: str, position: str = "none") -> list[RunResult]:

@@ -34,7 +34,7 @@ def n_layers_for(pattern: str) -> int:
 
 
 def model_config(
-    pattern: str, d_model: int, vocab_size: int, max_seq_len: int, attn_res: bool
+    pattern: str, d_model: int, vocab_size: int, max_seq_len: int, attn_res: bool, init_std: float = 0.02
 ) -> ModelConfig:
     """A small dense-FFN ``LongMoE`` config for the MQAR sweep (see the module docstring)."""
     head = d_model // N_HEADS

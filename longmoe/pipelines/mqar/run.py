@@ -52,7 +52,9 @@ def accuracy(model: LongMoE, rc: SweepConfig, n_pairs: int, seq_len: int, chunk:
 def train_cell(cell: Cell, rc: SweepConfig, log: bool = False) -> RunResult:
     """Train ``cell`` (early stop at ``rc.target_accuracy``), then measure every eval length."""
     torch.set_num_threads(rc.threads)
-    cfg = model_config(cell.pattern, cell.d_model, rc.vocab_size, max(rc.eval_lengths), rc.attn_res, rc.init_std)
+    cfg = model_config(
+        cell.pattern, cell.d_model, rc.vocab_size, max(rc.eval_lengths), rc.attn_res, rc.init_std
+    )
     seed_everything(cell.seed)
     model, trained = build(cfg, cell.position)
     opt = torch.optim.AdamW(param_groups(trained, rc.weight_decay), lr=cell.lr, betas=(0.9, 0.98))

@@ -1,0 +1,121 @@
+"""The MQAR sweep recipe: config checks, models per pattern, the NoPE control, resuming, best-lr
+selection, the expectation verdicts and the report, and a whole quick run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from longmoe.model import LongMoE
+from longmoe.pipelines.mqar import run as mqar_run
+from longmoe.pipelines.mqar.__main__ import main
+from longmoe.pipelines.mqar.checks import expected_checks
+from longmoe.pipelines.mqar.config import Cell, SweepConfig
+from longmoe.pipelines.mqar.model import ShortConv, build, model_config
+from longmoe.pipelines.mqar.report import render_report
+from longmoe.pipelines.mqar.result import RunResult, SweepResult
+from longmoe.tasks.base import TaskError
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError, match="patterns"):
+        SweepConfig(patterns=["LX"])
+    with pytest.raises(ValueError, match="positions"):
+        SweepConfig(positions=["rope"])
+    with pytest.raises(TaskError, match="too short"):
+        SweepConfig(train_len=64, pairs=[32])
+    rc = SweepConfig(patterns=["L", "M"], pairs=[4, 8], lrs=[1e-3, 1e-2], positions=["none"])
+    cells = rc.cells()
+    assert len(cells) == 8 and cells[0].n_pairs == 4 and cells[-1].n_pairs == 8
+    assert rc.eval_lengths == [128, 512, 2048]
+    assert SweepConfig.from_dict(rc.to_dict()) == rc
+
+
+@pytest.mark.parametrize(("pattern", "types"), [("L", "LL"), ("M", "MM"), ("LM", "LM"), ("LLLM", "LLLM")])
+def test_models_per_pattern(pattern, types):
+    cfg = model_config(pattern, 32, 64, 256, attn_res=False)
+    assert "".join(cfg.layer_types) == types and cfg.ffn.kind == "dense"
+
+
+def test_short_conv_control_is_causal_and_starts_as_identity():
+    torch.manual_seed(0)
+    cfg = model_config("M", 32, 64, 64, attn_res=False)
+    ids = torch.randint(0, 64, (2, 12))
+    plain = LongMoE(cfg)
+    model, trained = build(cfg, "conv")
+    model.load_state_dict(plain.state_dict())
+    assert torch.allclose(model(ids).logits, plain(ids).logits), "zero taps: the model is unchanged at init"
+    assert len(list(trained.parameters())) == len(list(model.parameters())) + 1
+    conv = ShortConv(8)
+    with torch.no_grad():
+        conv.weight.normal_()
+    x = torch.randn(1, 10, 8)
+    y = conv(x)
+    x2 = x.clone()
+    x2[:, 6:] += 1.0
+    assert torch.equal(conv(x2)[:, :6], y[:, :6]), "a position sees no later token"
+    assert not torch.equal(conv(x2)[:, 6:9], y[:, 6:9])
+    with pytest.raises(ValueError, match="position"):
+        build(cfg, "rope")
+
+
+def _run(
+    pattern: str, pairs: int, acc: float, lr: float = 1e-3, position: str = "none", long_acc=None
+) -> RunResult:
+    la = acc if long_acc is None else long_acc
+    return RunResult(
+        Cell(pattern, 64, pairs, position, lr, 0), 1000, 0, 100, acc >= 0.99, 1.0, [(100, 0.1, acc)],
+        {"128": acc, "512": la, "2048": la},
+    )  # fmt: skip
+
+
+def test_best_lr_is_kept_and_checks_read_the_numbers():
+    rc = SweepConfig(patterns=["L", "M", "LM"], pairs=[4, 32])
+    runs = [
+        _run("M", 4, 0.2), _run("M", 4, 1.0, lr=3e-3), _run("M", 32, 0.5),
+        _run("M", 4, 1.0, position="conv"), _run("M", 32, 1.0, position="conv"),
+        _run("L", 4, 1.0), _run("L", 32, 0.3), _run("LM", 4, 1.0), _run("LM", 32, 0.995, long_acc=0.5),
+    ]  # fmt: skip
+    best = mqar_run.best_runs(runs, 128)
+    assert len(best) == 8 and [r.cell.lr for r in best if r.cell.group == ("M", 64, 4, "none", 0)] == [3e-3]
+    verdicts = {c.claim.split(" (")[0].split(" reaches")[0]: c.verdict for c in expected_checks(rc, best)}
+    assert verdicts["pure MLA"] == "not confirmed"
+    assert verdicts["pure KDA"] == "confirmed"
+    assert verdicts["hybrid LM"] == "confirmed"
+    assert verdicts["the NoPE control: a short causal conv before MLA"].startswith(
+        "confirmed: NoPE MLA needs"
+    )
+    assert verdicts["LM keeps its recall at 4x the training length"] == "not confirmed"
+    assert verdicts["M+conv keeps its recall at 4x the training length"] == "confirmed"
+    md = render_report(rc, SweepResult(runs, best, expected_checks(rc, best), runs[0]))
+    assert "| M+conv | 64 | 32 | 0 | 0.001 | 100 | 0 | 1.000 ± 0.000 |" in md
+    assert "| LM | 64 | 32 | 0 | 0.001 | 100 | 0 | 0.995 ± 0.001 | 0.500 ± 0.008 |" in md
+
+
+def test_run_cell_resumes_from_its_json(tmp_path, monkeypatch):
+    rc = SweepConfig()
+    stored = _run("LM", 4, 1.0)
+    calls = []
+    monkeypatch.setattr(mqar_run, "train_cell", lambda c, r, log=False: calls.append(c) or stored)
+    assert mqar_run.run_cell(stored.cell, rc, tmp_path) == stored
+    assert mqar_run.run_cell(stored.cell, rc, tmp_path) == stored and len(calls) == 1
+    f = tmp_path / "runs" / f"{stored.cell.key}.json"
+    assert RunResult.from_dict(json.loads(f.read_text())) == stored
+
+
+def test_quick_sweep_end_to_end_and_rerun_skips(tmp_path, capsys):
+    assert main(["--quick", "--out", str(tmp_path)]) == 0
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert runs == ["LM-d32-p2-none-lr0.003-s0.json", "M-d32-p2-none-lr0.003-s0.json"]
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert set(res["best"][0]["accuracy"]) == {"32", "128"} and res["sanity"]["steps"] == 30
+    assert (tmp_path / "plots/acc_vs_pairs.png").is_file() and (
+        tmp_path / "plots/acc_vs_length.png"
+    ).is_file()
+    mtime = (tmp_path / "runs" / runs[0]).stat().st_mtime
+    assert main(["--quick", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "runs" / runs[0]).stat().st_mtime == mtime, "a finished run is not redone"
+    assert main(["--quick", "--out", str(tmp_path), "--patterns", "LZ"]) == 2
+    assert "patterns" in capsys.readouterr().err
