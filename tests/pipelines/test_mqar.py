@@ -25,11 +25,13 @@ def test_config_is_validated():
     with pytest.raises(ValueError, match="positions"):
         SweepConfig(positions=["rope"])
     with pytest.raises(TaskError, match="too short"):
-        SweepConfig(train_len=64, pairs=[32])
+        SweepConfig(train_len=64, vocab_size=256, pairs=[32])
+    with pytest.raises(TaskError, match="too many for vocab_size=64"):
+        SweepConfig(train_len=256, vocab_size=64, pairs=[32])
     rc = SweepConfig(patterns=["L", "M"], pairs=[4, 8], lrs=[1e-3, 1e-2], positions=["none"])
     cells = rc.cells()
     assert len(cells) == 8 and cells[0].n_pairs == 4 and cells[-1].n_pairs == 8
-    assert rc.eval_lengths == [128, 512, 2048]
+    assert rc.eval_lengths == [64, 256, 1024]
     assert SweepConfig.from_dict(rc.to_dict()) == rc
 
 

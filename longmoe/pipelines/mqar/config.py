@@ -41,17 +41,18 @@ class Cell:
 
 @dataclass
 class SweepConfig(JsonConfig):
-    patterns: list[str] = field(default_factory=lambda: ["L", "M", "LLLM", "LM"])
-    d_models: list[int] = field(default_factory=lambda: [64])
-    pairs: list[int] = field(default_factory=lambda: [4, 16, 32])
+    patterns: list[str] = field(default_factory=lambda: ["M", "LM", "L", "LLLM"])
+    d_models: list[int] = field(default_factory=lambda: [32, 64])
+    pairs: list[int] = field(default_factory=lambda: [4, 16])
     positions: list[str] = field(default_factory=lambda: ["none", "conv"])
-    lrs: list[float] = field(default_factory=lambda: [1e-3, 3e-3])
+    control_patterns: list[str] = field(default_factory=lambda: ["M"])  # patterns also run with the controls
+    lrs: list[float] = field(default_factory=lambda: [3e-3, 1e-2])
     seeds: list[int] = field(default_factory=lambda: [0])
-    vocab_size: int = 256
-    train_len: int = 128
+    vocab_size: int = 64
+    train_len: int = 64
     eval_multiples: list[int] = field(default_factory=lambda: [1, 4, 16])
     alpha: float = 0.1
-    steps: int = 400
+    steps: int = 300
     batch_size: int = 32
     warmup_steps: int = 20
     weight_decay: float = 0.1
@@ -59,9 +60,9 @@ class SweepConfig(JsonConfig):
     eval_n: int = 128  # rows per accuracy measurement (n_pairs answers each)
     target_accuracy: float = 0.99  # early stop once the held-out accuracy reaches it
     attn_res: bool = False
-    init_std: float = 0.02  # ModelConfig.init_std
+    init_std: float = 0.1  # ModelConfig.init_std (its 0.02 default left 1,000-step probes at chance)
     threads: int = 1
-    sanity: Cell = field(default_factory=lambda: Cell("LM", 64, 4, "none", 3e-3, 0))
+    sanity: Cell = field(default_factory=lambda: Cell("LM", 64, 4, "none", 1e-2, 0))
 
     def __post_init__(self) -> None:
         if isinstance(self.sanity, dict):
@@ -93,13 +94,15 @@ class SweepConfig(JsonConfig):
             check_settings(self.vocab_size, self.train_len, p, p, self.alpha)
 
     def cells(self) -> list[Cell]:
-        """Every run of the sweep, cheapest first (small pairs and widths before large ones)."""
+        """Every run of the sweep, pattern by pattern (in config order), small pairs and widths first;
+        position controls other than "none" only for ``control_patterns``."""
         return [
             Cell(pat, d, p, pos, lr, s)
+            for pat in self.patterns
+            for pos in self.positions
+            if pos == "none" or pat in self.control_patterns
             for p in self.pairs
             for d in self.d_models
-            for pos in self.positions
-            for pat in self.patterns
             for s in self.seeds
             for lr in self.lrs
         ]
