@@ -28,9 +28,16 @@ def test_config_is_validated():
         SweepConfig(train_len=64, vocab_size=256, pairs=[32])
     with pytest.raises(TaskError, match="too many for vocab_size=64"):
         SweepConfig(train_len=256, vocab_size=64, pairs=[32])
-    rc = SweepConfig(patterns=["L", "M"], pairs=[4, 8], lrs=[1e-3, 1e-2], positions=["none"])
+    rc = SweepConfig(patterns=["L", "M"], d_models=[64], pairs=[4, 8], lrs=[1e-3, 1e-2], positions=["none"])
     cells = rc.cells()
     assert len(cells) == 8 and cells[0].n_pairs == 4 and cells[-1].n_pairs == 8
+    assert [c.pattern for c in cells] == ["L"] * 4 + ["M"] * 4, "pattern by pattern"
+    ctl = SweepConfig(patterns=["L", "M"], d_models=[64], pairs=[4], lrs=[1e-3], positions=["none", "conv"])
+    assert [c.key for c in ctl.cells()] == [
+        "L-d64-p4-none-lr0.001-s0",
+        "M-d64-p4-none-lr0.001-s0",
+        "M-d64-p4-conv-lr0.001-s0",
+    ], "controls only for control_patterns (M)"
     assert rc.eval_lengths == [64, 256, 1024]
     assert SweepConfig.from_dict(rc.to_dict()) == rc
 
