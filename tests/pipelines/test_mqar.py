@@ -81,7 +81,7 @@ def _run(
 
 
 def test_best_lr_is_kept_and_checks_read_the_numbers():
-    rc = SweepConfig(patterns=["L", "M", "LM"], pairs=[4, 32])
+    rc = SweepConfig(patterns=["L", "M", "LM"], pairs=[4, 32], train_len=128, vocab_size=256)
     runs = [
         _run("M", 4, 0.2), _run("M", 4, 1.0, lr=3e-3), _run("M", 32, 0.5),
         _run("M", 4, 1.0, position="conv"), _run("M", 32, 1.0, position="conv"),
