@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -9,8 +10,9 @@ import pytest
 
 from longmoe.cli import main
 from longmoe.pipelines.demo.config import DemoConfig
+from longmoe.pipelines.demo.recall import RECALL_DIR, recall_config, run_recall
 from longmoe.pipelines.demo.report import render_report, report_table
-from longmoe.pipelines.demo.result import DemoResult, LengthEval, Sample, StageResult
+from longmoe.pipelines.demo.result import DemoResult, LengthEval, RecallResult, Sample, StageResult
 
 
 def _result() -> DemoResult:
@@ -62,6 +64,7 @@ def test_report_json_round_trips_with_its_keys():
         "eval",
         "sample",
         "plots",
+        "recall",
     ]
     assert list(d["stages"][0]) == ["name", "window", "tokens", "replay_fraction", "val_loss_at_end"]
     assert list(d["eval"][0]) == ["length", "val_loss", "unigram_loss", "beyond_training"]
@@ -78,6 +81,43 @@ def test_demo_config_is_validated(tmp_path, capsys):
     assert "scale=-1.0" in capsys.readouterr().err and not (tmp_path / "d").exists()
 
 
+def _recall() -> RecallResult:
+    return RecallResult(
+        pattern="LM", d_model=64, params=100_000, n_pairs=8, train_len=64, steps=250, train_seconds=60.0,
+        solved=True, chance=0.03125, answers=512, accuracy={"64": 0.998, "256": 0.99, "1024": 0.5},
+    )  # fmt: skip
+
+
+def test_report_says_what_the_models_can_and_cannot_do():
+    r = DemoResult.from_dict(dict(_result().to_dict(), recall=dataclasses.asdict(_recall())))
+    assert r.recall == _recall() and DemoResult.from_dict(r.to_dict()) == r
+    md = render_report(r)
+    assert "## What the models can and cannot do" in md and "**cannot** write working code" in md
+    assert (
+        "partly can recall the value of every key: 99.8% at 64 tokens, 99.0% at 256 tokens, 50.0% at " in md
+    )
+    assert "| 64 (training length) | 0.998 ± 0.002 | 0.031 |" in md
+    assert "| 1,024 (16x training) | 0.500 ± 0.022 | 0.031 |" in md
+    assert md.index("## Associative recall (MQAR)") < md.index("## Sample") < md.index("## Plots")
+    solved = dataclasses.replace(_recall(), accuracy={"64": 1.0, "256": 0.95})
+    assert "**can** recall" in render_report(dataclasses.replace(r, recall=solved))
+    assert "Associative recall" not in render_report(_result()), "no recall part: no recall section"
+
+
+def test_recall_part_runs_small_and_resumes(tmp_path):
+    cfg = DemoConfig(run_dir=tmp_path, scale=0.02, recall_pairs=2)
+    rc, cell = recall_config(cfg)
+    assert (rc.steps, rc.eval_n, rc.eval_lengths, cell.pattern) == (10, 8, [64, 256, 1024], "LM")
+    r = run_recall(cfg)
+    assert r.steps <= 10 and set(r.accuracy) == {"64", "256", "1024"} and r.answers == 16
+    assert all(0.0 <= a <= 1.0 for a in r.accuracy.values()) and r.chance == 1 / 32
+    stored = tmp_path / RECALL_DIR / "runs" / f"{cell.key}.json"
+    mtime = stored.stat().st_mtime
+    assert run_recall(cfg) == r and stored.stat().st_mtime == mtime, "a finished recall run is read back"
+    with pytest.raises(ValueError, match="recall_pairs"):
+        DemoConfig(recall_pairs=0)
+
+
 @pytest.mark.slow
 def test_demo_end_to_end(tmp_path):
     assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--scale", "0.02", "--no-progress"]) == 0
@@ -89,6 +129,7 @@ def test_demo_end_to_end(tmp_path):
     assert (tmp_path / "demo/loss.png").is_file() and (tmp_path / "demo/final/model.safetensors").is_file()
     assert rep["synthetic_documents"] and isinstance(rep["sample"]["completion"], str)
     assert DemoResult.from_dict(rep).to_dict() == rep
+    assert set(rep["recall"]["accuracy"]) == {"64", "256", "1024"} and "## Associative recall (MQAR)" in md
     # a resumed finished run trains no further and reports the same curriculum (the per-stage losses
     # are those of stages that ended in this session: none)
     assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--resume", "--no-progress"]) == 0

@@ -1,4 +1,5 @@
-"""What the demo measured: the curriculum, validation loss against a unigram baseline, a sample.
+"""What the demo measured: the curriculum, validation loss against a unigram baseline, a sample, and
+associative recall of a small hybrid trained on MQAR.
 
 ``DemoResult.to_dict()`` is ``report.json``; the field order is that file's key order.
 """
@@ -38,6 +39,24 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class RecallResult:
+    """A small hybrid trained on MQAR (``longmoe.tasks.mqar``) at ``train_len`` tokens, and its held-out
+    recall accuracy at each eval length (keys: tokens, as text) over ``answers`` answers per length."""
+
+    pattern: str
+    d_model: int
+    params: int
+    n_pairs: int
+    train_len: int
+    steps: int
+    train_seconds: float
+    solved: bool
+    chance: float
+    answers: int
+    accuracy: dict[str, float]
+
+
+@dataclass(frozen=True)
 class DemoResult:
     params: int
     steps: int
@@ -48,6 +67,7 @@ class DemoResult:
     eval: list[LengthEval]
     sample: Sample
     plots: list[str]
+    recall: RecallResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -60,5 +80,6 @@ class DemoResult:
                 "stages": [StageResult(**s) for s in d["stages"]],
                 "eval": [LengthEval(**e) for e in d["eval"]],
                 "sample": Sample(**d["sample"]),
+                "recall": RecallResult(**d["recall"]) if d.get("recall") else None,
             }
         )

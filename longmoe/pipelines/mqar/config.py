@@ -1,8 +1,9 @@
 """The sweep's settings (``config.json`` beside this file is the committed sweep; ``--quick`` a smoke run).
 
-A sweep trains one model per *cell* (pattern x d_model x pairs x position control x seed) at each
-learning rate of ``lrs`` and keeps the best (Zoology's protocol); ``sanity`` is an easy cell that
-must be solved first (a run that cannot solve it has a broken setup, not an interesting result).
+A sweep trains one model per *cell* (pattern x d_model x pairs x position control x seed) at the
+learning rates of ``lrs`` in order, up to the first that reaches ``target_accuracy``, and keeps the
+best (Zoology's protocol, minus the runs that could not beat an early-stopped one); ``sanity`` is an
+easy cell that must be solved first (a run that cannot solve it has a broken setup, not a result).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Cell:
 @dataclass
 class SweepConfig(JsonConfig):
     patterns: list[str] = field(default_factory=lambda: ["M", "LM", "L", "LLLM"])
-    d_models: list[int] = field(default_factory=lambda: [32, 64])
+    d_models: list[int] = field(default_factory=lambda: [64])
     pairs: list[int] = field(default_factory=lambda: [4, 16])
     positions: list[str] = field(default_factory=lambda: ["none", "conv"])
     control_patterns: list[str] = field(default_factory=lambda: ["M"])  # patterns also run with the controls

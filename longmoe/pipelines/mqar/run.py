@@ -117,28 +117,38 @@ def best_runs(runs: list[RunResult], length: int) -> list[RunResult]:
     return list(groups.values())
 
 
-def _run_one(args: tuple[Cell, SweepConfig, Path]) -> RunResult:
-    cell, rc, out = args
-    t0 = time.perf_counter()
-    r = run_cell(cell, rc, out)
-    print(f"{cell.key}: {r.steps} steps, acc {r.accuracy} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    return r
+def _run_group(args: tuple[list[Cell], SweepConfig, Path]) -> list[RunResult]:
+    """A cell's runs at its learning rates in order, up to the first that reaches the target (a later lr
+    cannot beat an early-stopped run by more than the noise, so it is not run)."""
+    cells, rc, out = args
+    runs = []
+    for cell in cells:
+        t0 = time.perf_counter()
+        r = run_cell(cell, rc, out)
+        print(f"{cell.key}: {r.steps} steps, acc {r.accuracy} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        runs.append(r)
+        if r.solved:
+            break
+    return runs
 
 
 def run_sweep(rc: SweepConfig, out: Path, jobs: int = 1, require_sanity: bool = True) -> SweepResult:
     """The sanity cell, then every cell at every lr (``jobs`` at a time), then the report."""
     out.mkdir(parents=True, exist_ok=True)
     rc.save(out / CONFIG_OUT)
-    sanity = _run_one((rc.sanity, rc, out))
+    (sanity,) = _run_group(([rc.sanity], rc, out))
     if require_sanity and not sanity.solved:
         print(f"sanity cell {rc.sanity.key} not solved ({sanity.accuracy}): the setup is broken; stopping")
         return SweepResult([], [], [], sanity)
-    todo = [(c, rc, out) for c in rc.cells()]
+    groups: dict[tuple[str, int, int, str, int], list[Cell]] = {}
+    for c in rc.cells():
+        groups.setdefault(c.group, []).append(c)
+    todo = [(cells, rc, out) for cells in groups.values()]
     if jobs > 1:
         with mp.get_context("spawn").Pool(jobs) as pool:
-            runs = pool.map(_run_one, todo, chunksize=1)
+            runs = [r for rs in pool.map(_run_group, todo, chunksize=1) for r in rs]
     else:
-        runs = [_run_one(t) for t in todo]
+        runs = [r for t in todo for r in _run_group(t)]
     result = SweepResult(
         runs, best_runs(runs, rc.train_len), expected_checks(rc, best_runs(runs, rc.train_len)), sanity
     )
