@@ -42,12 +42,12 @@ class Cell:
 
 @dataclass
 class SweepConfig(JsonConfig):
-    patterns: list[str] = field(default_factory=lambda: ["M", "LM", "L", "LLLM"])
+    patterns: list[str] = field(default_factory=lambda: ["M", "L", "LM", "LLLM"])
     d_models: list[int] = field(default_factory=lambda: [64])
     pairs: list[int] = field(default_factory=lambda: [4, 16])
     positions: list[str] = field(default_factory=lambda: ["none", "conv"])
     control_patterns: list[str] = field(default_factory=lambda: ["M"])  # patterns also run with the controls
-    lrs: list[float] = field(default_factory=lambda: [3e-3, 1e-2])
+    lrs: list[float] = field(default_factory=lambda: [1e-2, 3e-3])
     seeds: list[int] = field(default_factory=lambda: [0])
     vocab_size: int = 64
     train_len: int = 64
