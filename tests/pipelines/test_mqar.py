@@ -126,5 +126,9 @@ def test_quick_sweep_end_to_end_and_rerun_skips(tmp_path, capsys):
     mtime = (tmp_path / "runs" / runs[0]).stat().st_mtime
     assert main(["--quick", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "runs" / runs[0]).stat().st_mtime == mtime, "a finished run is not redone"
+    (tmp_path / "report.md").unlink()
+    assert main(["--quick", "--out", str(tmp_path), "--report-only", "--pairs", "2,4"]) == 0
+    assert "| LM | 32 | 2 |" in (tmp_path / "report.md").read_text(), "report-only reads the stored runs"
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == runs, "and trains nothing"
     assert main(["--quick", "--out", str(tmp_path), "--patterns", "LZ"]) == 2
     assert "patterns" in capsys.readouterr().err

@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", help="comma-separated seeds (overrides the config)")
     p.add_argument("--steps", type=int, help="step budget per run (overrides the config)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (default 1)")
+    p.add_argument("--report-only", action="store_true", help="no training: report the runs stored so far")
     p.add_argument("--quick", action="store_true", help="a smoke run: 2 patterns, 1 lr, 30 steps")
     return p.parse_args(argv)
 
@@ -66,7 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"mqar: error: {e}", file=sys.stderr)
         return 2
-    result = run_sweep(rc, args.out, jobs=max(1, args.jobs), require_sanity=not args.quick)
+    result = run_sweep(
+        rc, args.out, jobs=max(1, args.jobs), require_sanity=not args.quick, train=not args.report_only
+    )
+    if args.report_only:
+        return 0
     return 0 if result.sanity is not None and (result.sanity.solved or args.quick) else 1
 
 

@@ -73,9 +73,11 @@ def expected_checks(rc: SweepConfig, best: list[RunResult]) -> list[Check]:
                 )
             )
     m, mc = _cells(best, "M"), _cells(best, "M", "conv")
-    if m and mc:
-        gain = sum(r.acc(T) for r in mc) / len(mc) - sum(r.acc(T) for r in m) / len(m)
-        fixed = all(r.acc(T) >= t for r in mc) and any(r.acc(T) < t for r in m)
+    plain = {(r.cell.d_model, r.cell.n_pairs, r.cell.seed): r for r in m}
+    pairs = [(plain[k], r) for r in mc if (k := (r.cell.d_model, r.cell.n_pairs, r.cell.seed)) in plain]
+    if pairs:
+        gain = sum(c.acc(T) - p.acc(T) for p, c in pairs) / len(pairs)
+        fixed = all(c.acc(T) >= t for _, c in pairs) and any(p.acc(T) < t for p, _ in pairs)
         verdict = (
             "confirmed: NoPE MLA needs a local position signal, not more state" if fixed else "not confirmed"
         )
@@ -83,7 +85,8 @@ def expected_checks(rc: SweepConfig, best: list[RunResult]) -> list[Check]:
             Check(
                 "the NoPE control: a short causal conv before MLA (no extra state) fixes pure MLA",
                 verdict,
-                f"mean accuracy gain {gain:+.3f}; M+conv: {_describe(rc, mc, T)}",
+                f"mean accuracy gain over the same cells without it {gain:+.3f}; M+conv: "
+                + _describe(rc, [c for _, c in pairs], T),
             )
         )
     for p in rc.patterns:

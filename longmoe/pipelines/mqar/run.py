@@ -132,9 +132,23 @@ def _run_group(args: tuple[list[Cell], SweepConfig, Path]) -> list[RunResult]:
     return runs
 
 
-def run_sweep(rc: SweepConfig, out: Path, jobs: int = 1, require_sanity: bool = True) -> SweepResult:
-    """The sanity cell, then every cell at every lr (``jobs`` at a time), then the report."""
+def stored_runs(rc: SweepConfig, out: Path) -> list[RunResult]:
+    """The finished runs of ``rc``'s cells stored under ``out`` (what a report-only pass reads)."""
+    files = [out / RUNS_DIR / f"{c.key}.json" for c in rc.cells()]
+    return [RunResult.from_dict(json.loads(f.read_text())) for f in files if f.is_file()]
+
+
+def run_sweep(
+    rc: SweepConfig, out: Path, jobs: int = 1, require_sanity: bool = True, train: bool = True
+) -> SweepResult:
+    """The sanity cell, then every cell at its lrs (``jobs`` at a time), then the report; with
+    ``train=False`` only the report, from the runs already stored (a sweep cut short)."""
     out.mkdir(parents=True, exist_ok=True)
+    sanity_file = out / RUNS_DIR / f"{rc.sanity.key}.json"
+    if not train:
+        runs = stored_runs(rc, out)
+        sanity = RunResult.from_dict(json.loads(sanity_file.read_text())) if sanity_file.is_file() else None
+        return _report(rc, out, runs, sanity)
     rc.save(out / CONFIG_OUT)
     (sanity,) = _run_group(([rc.sanity], rc, out))
     if require_sanity and not sanity.solved:
@@ -149,8 +163,11 @@ def run_sweep(rc: SweepConfig, out: Path, jobs: int = 1, require_sanity: bool = 
             runs = [r for rs in pool.map(_run_group, todo, chunksize=1) for r in rs]
     else:
         runs = [r for t in todo for r in _run_group(t)]
-    result = SweepResult(
-        runs, best_runs(runs, rc.train_len), expected_checks(rc, best_runs(runs, rc.train_len)), sanity
-    )
+    return _report(rc, out, runs, sanity)
+
+
+def _report(rc: SweepConfig, out: Path, runs: list[RunResult], sanity: RunResult | None) -> SweepResult:
+    best = best_runs(runs, rc.train_len)
+    result = SweepResult(runs, best, expected_checks(rc, best), sanity)
     write_report(result, rc, out)
     return result
