@@ -48,18 +48,19 @@ def test_models_per_pattern(pattern, types):
     assert "".join(cfg.layer_types) == types and cfg.ffn.kind == "dense"
 
 
-def test_short_conv_control_is_causal_and_starts_as_identity():
+def test_short_conv_control_is_causal_and_leaves_the_model_alone():
     torch.manual_seed(0)
     cfg = model_config("M", 32, 64, 64, attn_res=False)
     ids = torch.randint(0, 64, (2, 12))
     plain = LongMoE(cfg)
     model, trained = build(cfg, "conv")
     model.load_state_dict(plain.state_dict())
-    assert torch.allclose(model(ids).logits, plain(ids).logits), "zero taps: the model is unchanged at init"
+    assert not torch.allclose(model(ids).logits, plain(ids).logits), "the hook changes what layer 1 reads"
     assert len(list(trained.parameters())) == len(list(model.parameters())) + 1
+    fresh = LongMoE(cfg)
+    assert not fresh.embed._forward_hooks, "a plain model has no hook: the default model is unchanged"
     conv = ShortConv(8)
-    with torch.no_grad():
-        conv.weight.normal_()
+    assert conv.weight.abs().max() <= 0.5 and conv.weight.std() > 0.1, "KDA's conv init, not zeros"
     x = torch.randn(1, 10, 8)
     y = conv(x)
     x2 = x.clone()

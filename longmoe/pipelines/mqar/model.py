@@ -6,13 +6,15 @@ one for ``LLLM`` (the pattern needs 4 layers), with 2 heads of ``d_model / 2`` i
 dense SwiGLU FFN (MoE routing only adds noise to a 2-layer recall probe).
 
 ``ShortConv`` is the control for NoPE attention: a depthwise causal convolution over the token
-embeddings (``x + conv(x)``, the KDA layers' own short conv, applied before the first layer), attached
+embeddings (``x + conv(x)``, initialised as the KDA layers' own short conv, before the first layer), attached
 to ``LongMoE.embed`` by a forward hook, so the model itself is unchanged. It gives every position its
 predecessors' tokens (what an induction head needs) and nothing else: no extra state, no absolute
 position, so it works at any length.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -54,12 +56,15 @@ def kda_state_numbers(cfg: ModelConfig) -> int:
 
 
 class ShortConv(nn.Module):
-    """``x + depthwise_causal_conv(x)`` over ``[B, T, d]`` (taps zero at init: the identity)."""
+    """``x + depthwise_causal_conv(x)`` over ``[B, T, d]``; taps ``U(±1/sqrt(width))`` at init, as the
+    KDA layers' conv (zero taps would give attention no previous-token signal to match on, so the
+    taps would get no gradient towards one: a run stays on the plateau)."""
 
     def __init__(self, d_model: int, width: int = CONV_WIDTH) -> None:
         super().__init__()
         self.width = width
-        self.weight = nn.Parameter(torch.zeros(d_model, 1, width))  # last tap = current token
+        bound = 1.0 / math.sqrt(width)  # PyTorch's default depthwise-conv init, as in KDALayer
+        self.weight = nn.Parameter(torch.empty(d_model, 1, width).uniform_(-bound, bound))  # last tap: now
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.conv1d(F.pad(x.transpose(1, 2), (self.width - 1, 0)), self.weight, groups=x.shape[-1])

@@ -105,7 +105,9 @@ def render_plots(rc: SweepConfig, best: list[RunResult], out: Path) -> list[Path
         ax.set_xscale("log", base=2)
         ax.axvline(rc.train_len, color="grey", lw=0.5, ls="--")
     axes[0][0].set_ylabel("accuracy")
-    axes[0][-1].legend(fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, fontsize=8, loc="lower left")
     fig.tight_layout()
     f2 = out / "acc_vs_length.png"
     fig.savefig(f2, dpi=120)
