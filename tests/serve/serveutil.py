@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
 import torch
+from fastapi import FastAPI
 
 from longmoe.config import preset
 from longmoe.model import LongMoE
+from longmoe.serve.api import create_app, serve_in_thread
+from longmoe.serve.engine import Engine
 
 VOCAB = 512
 MAX_CONTEXT = 1024
@@ -22,3 +29,17 @@ def tiny_model(seed: int = 0, **kw) -> LongMoE:
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     return m.eval()
+
+
+@contextlib.contextmanager
+def served(model_dir: Path, **engine_opts) -> Iterator[tuple[Engine, FastAPI, str]]:
+    """The model in ``model_dir`` behind a real HTTP server on a free port: ``(engine, app, base_url)``."""
+    engine = Engine.from_dir(model_dir, **engine_opts)
+    app = create_app(engine, model_name="tiny")
+    srv, th, port = serve_in_thread(app)
+    try:
+        yield engine, app, f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        th.join(timeout=10)
+        engine.close()

@@ -9,23 +9,16 @@ import json
 import httpx
 import openai
 import pytest
+from serveutil import served
 from test_serve_structured import NESTED, PERSON, validate
-
-from longmoe.serve.api import create_app, serve_in_thread
-from longmoe.serve.engine import Engine
 
 FMT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
 
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    engine = Engine.from_dir(model_dir, prefill_chunk=16)
-    app = create_app(engine, model_name="tiny")
-    srv, th, port = serve_in_thread(app)
-    yield app, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    th.join(timeout=10)
-    engine.close()
+    with served(model_dir, prefill_chunk=16) as (engine, app, url):
+        yield app, url
 
 
 @pytest.fixture(scope="module")

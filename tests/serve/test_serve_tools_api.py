@@ -9,11 +9,9 @@ import json
 import httpx
 import openai
 import pytest
+from serveutil import served
 from test_serve_structured import validate
 from test_serve_tool_calls import SCHEMAS, TOOLS, WEATHER
-
-from longmoe.serve.api import create_app, serve_in_thread
-from longmoe.serve.engine import Engine
 
 ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
@@ -21,13 +19,8 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    engine = Engine.from_dir(model_dir, prefill_chunk=16)
-    app = create_app(engine, model_name="tiny")
-    srv, th, port = serve_in_thread(app)
-    yield engine, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    th.join(timeout=10)
-    engine.close()
+    with served(model_dir, prefill_chunk=16) as (engine, app, url):
+        yield engine, url
 
 
 @pytest.fixture(scope="module")
