@@ -1,5 +1,5 @@
-"""The agent evaluation of a local model: RL's batched rollouts (``longmoe.agent.rollout.collect``)
-with greedy decoding, scored like any other backend.
+"""The agent evaluation of a local model: RL's batched rollouts (``longmoe.agent.rollout.collect``),
+greedy by default, scored like any other backend (the agent recipe evaluates its models with it too).
 
 Every episode of a cell runs at once in the engine, each on its own session: a turn prefills only
 the new observation (its cache row is kept across turns), so long episodes cost what RL's cost.
@@ -52,12 +52,14 @@ def run_local_eval(
     seed: int = 0,
     max_tokens: int = 256,
     progress: Callable[[list[EpisodeResult]], None] | None = None,
+    temperature: float = 0.0,
 ) -> list[EpisodeResult]:
-    """``n`` held-out greedy episodes per cell, all cells at once; written to
-    ``OUT/agent_episodes.jsonl``. ``progress`` gets each cell's results as it finishes."""
+    """``n`` held-out episodes per cell (greedy unless ``temperature`` > 0), all cells at once;
+    written to ``OUT/agent_episodes.jsonl``. ``progress`` gets each cell's results as it finishes."""
     cfg = RolloutConfig(
-        group_size=1, max_turn_tokens=max_tokens, max_episode_tokens=engine.max_context, temperature=0.0
-    )
+        group_size=1, max_turn_tokens=max_tokens, max_episode_tokens=engine.max_context,
+        temperature=temperature, seed=seed,
+    )  # fmt: skip
     seeds = held_out_seeds(n, seed)
 
     def cell(item: tuple[tuple[str, int], EnvFactory]) -> list[EpisodeResult]:

@@ -16,8 +16,9 @@ from longmoe.pipelines.agent.report import pooled, write_report
 
 def rows(ps: list[float], n: int = 100) -> list[dict]:
     return [
-        {"horizon": h, "episodes": n, "success": p, "stderr": math.sqrt(p * (1 - p) / n), "malformed": 0.1,
-         "tool_call_validity": 0.9, "tokens_per_episode": 200.0, "turns_per_episode": 3.0}
+        {"env": "doclookup", "horizon": h, "episodes": n, "success": p, "se": math.sqrt(p * (1 - p) / n),
+         "malformed": 0.1, "validity": 0.9, "truncated": 0.0, "overflow": 0.0, "turns": 3.0,
+         "tool_calls": 2.0, "tokens": 200.0, "generated": 40.0}
         for h, p in zip([1, 2, 3], ps, strict=True)
     ]  # fmt: skip
 
@@ -58,3 +59,34 @@ def test_report_gain_only_where_sft_is_mid(tmp_path):
     assert (tmp_path / "success.png").exists() and (tmp_path / "report.json").exists()
     evals["sft+rl"] = rows([0.97, 0.55, 0.1])  # +5 points: not met
     assert not write_report(cfg, tmp_path, evals)["target_met"]
+
+
+def test_evaluate_stage_scores_like_longmoe_eval_and_is_cached(tmp_path):
+    """The recipe's evaluation is ``eval``'s (``run_local_eval`` + ``summarize``): one row per horizon
+    in the summary's shape, episodes written, and a second call reads ``evals.json`` instead of playing."""
+    import torch
+
+    from longmoe.config import preset
+    from longmoe.data.tokenizer import tokenizer_for_tests
+    from longmoe.eval.agent import EPISODES_FILE
+    from longmoe.model import LongMoE
+    from longmoe.pipelines.agent.run import EVALS, evaluate
+
+    torch.manual_seed(0)
+    tok = tokenizer_for_tests(512)
+    d = tmp_path / "model"
+    LongMoE(
+        preset("tiny").replace(
+            vocab_size=tok.vocab_size, n_layers=2, layer_pattern="LM", attn_res_blocks=2, max_seq_len=4096
+        )
+    ).save_pretrained(d)
+    tok.save(d / "tokenizer.json")
+    cfg = AgentRecipeConfig.quick()
+    cfg.eval_horizons = [1, 2]
+    cfg.rl = {**cfg.rl, "max_turn_tokens": 8, "max_episode_tokens": 1024}
+    rows = evaluate(cfg, tmp_path, "pretrained", d, episodes=3)
+    assert [r["horizon"] for r in rows] == [1, 2] and all(r["episodes"] == 3 for r in rows)
+    assert {"success", "se", "malformed", "validity", "tokens"} <= set(rows[0])
+    assert (tmp_path / "evals" / "pretrained" / EPISODES_FILE).is_file()
+    assert json.loads((tmp_path / EVALS).read_text())["pretrained"] == rows
+    assert evaluate(cfg, tmp_path, "pretrained", tmp_path / "missing", episodes=3) == rows  # cached

@@ -49,7 +49,7 @@ def plot_success(evals: dict[str, list[dict]], out: Path) -> Path:
     for name in [m for m in evals if m in MAIN or m.startswith("sft+rl:")]:
         rows = evals[name]
         h = [r["horizon"] for r in rows]
-        ax.errorbar(h, [r["success"] for r in rows], yerr=[r["stderr"] for r in rows], marker="o",
+        ax.errorbar(h, [r["success"] for r in rows], yerr=[r["se"] for r in rows], marker="o",
                     capsize=3, label=name, linestyle="-" if name in MAIN else ":")  # fmt: skip
     ax.set_xlabel("required tool calls (horizon)")
     ax.set_ylabel("held-out success")
@@ -66,16 +66,22 @@ def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]
     lines = [f"# Agent recipe ({cfg.env}, env_args {json.dumps(cfg.env_args)})", ""]
     lines += ["## Held-out success by horizon (%, ± standard error)", ""]
     lines += [
-        "| model | " + " | ".join(f"h={h}" for h in horizons) + " | all (n) | malformed | tokens/episode |"
+        "| model | "
+        + " | ".join(f"h={h}" for h in horizons)
+        + " | all (n) | malformed | tool-call validity | tokens/episode |"
     ]
-    lines += ["|" + "---|" * (len(horizons) + 4)]
+    lines += ["|" + "---|" * (len(horizons) + 5)]
     for name, rows in evals.items():
         p, se, n = pooled(rows)
-        cells = [_pm(r["success"], r["stderr"]) for r in rows]
+        cells = [_pm(r["success"], r["se"]) for r in rows]
         bad = sum(r["malformed"] * r["episodes"] for r in rows) / n
-        tok = sum(r["tokens_per_episode"] * r["episodes"] for r in rows) / n
+        tok = sum(r["tokens"] * r["episodes"] for r in rows) / n
+        valid = sum((r["validity"] or 0.0) * r["episodes"] for r in rows) / n
         lines.append(
-            f"| {name} | " + " | ".join(cells) + f" | {_pm(p, se)} ({n}) | {100 * bad:.1f} | {tok:.0f} |"
+            f"| {name} | "
+            + " | ".join(cells)
+            + f" | {_pm(p, se)} ({n}) | {100 * bad:.1f} | {100 * valid:.1f} | "
+            f"{tok:.0f} |"
         )
     gains = []
     if "sft" in evals and "sft+rl" in evals:
@@ -83,7 +89,7 @@ def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]
             if MID[0] <= a["success"] <= MID[1]:
                 g = b["success"] - a["success"]
                 gains.append({"horizon": a["horizon"], "sft": a["success"], "rl": b["success"], "gain": g,
-                              "stderr": math.sqrt(a["stderr"] ** 2 + b["stderr"] ** 2)})  # fmt: skip
+                              "stderr": math.sqrt(a["se"] ** 2 + b["se"] ** 2)})  # fmt: skip
     met = any(g["gain"] >= TARGET_GAIN for g in gains)
     lines += [
         "",

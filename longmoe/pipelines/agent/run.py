@@ -3,7 +3,8 @@
 1. **pretrain** a tiny model (the ``tiny`` preset) on 256-token windows of the embedded corpus;
 2. **SFT** (``train/sft.py``) on the environment's expert demonstrations, loss on assistant tokens;
 3. **RL** (``rl/trainer.py``) from the SFT model; plus one RL run per ablation (``ABLATIONS``);
-4. **evaluate** each model on held-out tasks by horizon (``agent/evaluate.py``, through the engine)
+4. **evaluate** each model on held-out tasks by horizon (``eval/agent_local.py``, through the engine,
+   scored by ``eval/agent.summarize`` exactly as ``longmoe eval --tasks agent`` scores any backend)
    as soon as it exists (``RUN/evals.json``), so a run cut short still has its first rows;
 5. **report**: ``RUN/report.md`` + ``report.json`` (tables with standard errors), ``success.png``.
 """
@@ -19,10 +20,11 @@ from typing import Any
 import torch
 
 from longmoe import checkpoint as ckpt
-from longmoe.agent.evaluate import success_by_horizon
 from longmoe.config import preset
 from longmoe.data.stages import CurriculumStage
 from longmoe.envs import make_env
+from longmoe.eval.agent import summarize
+from longmoe.eval.agent_local import run_local_eval
 from longmoe.pipelines.agent.config import ABLATIONS, AgentRecipeConfig
 from longmoe.pipelines.agent.report import write_report
 from longmoe.rl.config import RLConfig
@@ -91,6 +93,10 @@ def rl(cfg: AgentRecipeConfig, root: Path, init: Path, name: str, changes: dict[
     return run / ckpt.FINAL_DIR
 
 
+def _env_factory(cfg: AgentRecipeConfig, horizon: int):
+    return lambda: make_env(cfg.env, horizon=horizon, **cfg.env_args)
+
+
 def evaluate(cfg: AgentRecipeConfig, root: Path, name: str, model_dir: Path, episodes: int) -> list[dict]:
     """Held-out success by horizon (cached in ``RUN/evals.json``)."""
     path = root / EVALS
@@ -101,12 +107,13 @@ def evaluate(cfg: AgentRecipeConfig, root: Path, name: str, model_dir: Path, epi
     rl_cfg = RLConfig(**{k: v for k, v in cfg.rl.items() if k in ("max_turn_tokens", "max_episode_tokens")})
     opts = {"max_batch": 64, "cache_budget_bytes": 4 << 30, "max_waiting": 1 << 16,
             "max_context": rl_cfg.max_episode_tokens + 1}  # fmt: skip
+    cells = {(cfg.env, h): _env_factory(cfg, h) for h in cfg.eval_horizons}
     with Engine.from_dir(model_dir, **opts) as engine:
-        rows = success_by_horizon(
-            engine, lambda h: make_env(cfg.env, horizon=h, **cfg.env_args), cfg.eval_horizons, episodes,
-            cfg.eval_temperature, rl_cfg.max_turn_tokens, rl_cfg.max_episode_tokens, seed=cfg.seed,
+        results = run_local_eval(
+            engine, cells, episodes, root / "evals" / name, seed=cfg.seed,
+            max_tokens=rl_cfg.max_turn_tokens, temperature=cfg.eval_temperature,
         )  # fmt: skip
-    done[name] = [r.to_dict() for r in rows]
+    done[name] = summarize(results, name)["by_horizon"]
     path.write_text(json.dumps(done, indent=1) + "\n")
     return done[name]
 
