@@ -17,31 +17,15 @@ from longmoe.layers.kda import KDALayer
 from longmoe.layers.mla import MLALayer
 from longmoe.model import LongMoE
 from tests.distributed.launch import run_ranks
+from tests.layerconfigs import small_cfg
 
 T = 21  # tokens per rank: not a multiple of the chunk size (8 below)
 TOL = dict(atol=2e-5, rtol=2e-5)
 
 
 def _cfg(**kw) -> ModelConfig:
-    base = dict(
-        vocab_size=64,
-        d_model=32,
-        n_layers=1,
-        layer_pattern="L",
-        kda_heads=2,
-        kda_head_dim=8,
-        kda_gate_rank=4,
-        kda_conv_size=4,
-        kda_chunk_size=8,
-        mla_heads=2,
-        mla_q_lora_rank=16,
-        mla_kv_lora_rank=12,
-        mla_head_dim=8,
-        mla_v_head_dim=8,
-        attn_res_blocks=1,
-    )
-    base.update(kw)
-    return ModelConfig(**base)
+    mla = dict(mla_heads=2, mla_q_lora_rank=16, mla_kv_lora_rank=12, mla_head_dim=8, mla_v_head_dim=8)
+    return small_cfg("L", **{"kda_chunk_size": 8, **mla, **kw})
 
 
 def _layouts(world: int) -> list[list[int] | None]:

@@ -8,24 +8,13 @@ import torch
 from longmoe.cache import Packing
 from longmoe.config import ModelConfig
 from longmoe.layers.kda import KDALayer, _causal_conv
+from tests.layerconfigs import small_cfg
 
 TOL = 1e-5
 
 
 def cfg(**kw) -> ModelConfig:
-    base = dict(
-        vocab_size=64,
-        d_model=32,
-        n_layers=1,
-        layer_pattern="L",
-        kda_heads=2,
-        kda_head_dim=8,
-        kda_gate_rank=4,
-        kda_conv_size=4,
-        attn_res_blocks=1,
-    )
-    base.update(kw)
-    return ModelConfig(**base)
+    return small_cfg("L", **kw)
 
 
 def layer(c: ModelConfig, seed: int = 0) -> KDALayer:

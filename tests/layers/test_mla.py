@@ -8,25 +8,14 @@ import torch
 from longmoe.cache import MLAState, Packing
 from longmoe.config import ModelConfig
 from longmoe.layers.mla import MLALayer
+from tests.layerconfigs import small_cfg
 
 TOL = 1e-5
 
 
 def cfg(**kw) -> ModelConfig:
-    base = dict(
-        vocab_size=64,
-        d_model=32,
-        n_layers=1,
-        layer_pattern="M",
-        mla_heads=3,
-        mla_q_lora_rank=16,
-        mla_kv_lora_rank=8,
-        mla_head_dim=12,
-        mla_v_head_dim=10,
-        attn_res_blocks=1,
-    )
-    base.update(kw)
-    return ModelConfig(**base)
+    mla = dict(mla_heads=3, mla_q_lora_rank=16, mla_kv_lora_rank=8, mla_head_dim=12, mla_v_head_dim=10)
+    return small_cfg("M", **{**mla, **kw})
 
 
 def layer(seed: int = 0) -> MLALayer:
