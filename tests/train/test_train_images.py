@@ -4,8 +4,10 @@ the vision encoder with the language model on text targets; resuming continues t
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
+import pytest
 import torch
 from PIL import Image, ImageDraw
 from trainutil import small_model_config
@@ -73,3 +75,49 @@ def test_trains_on_image_documents_and_resumes_exactly(tmp_path, monkeypatch, to
     assert cut.step == 3  # fit() checkpoints where it stops
     cut.fit()
     assert losses(tmp_path / "full") == losses(tmp_path / "cut")  # bit-identical, val losses too
+
+
+@pytest.mark.slow
+def test_training_reads_the_pixels(tmp_path, monkeypatch, tok):
+    """The whole path (JSONL -> packing -> encoder -> image_embeds -> loss) carries what is in the image:
+    after 150 steps on "Picture: <image> The box is <colour>." (six colours drawn at random, so the text
+    alone gives 1 in 6) the held-out colour is named right in at least 80% of new images (measured 100%
+    for both encoders)."""
+    from longmoe.data.images import image_span, patchify
+
+    monkeypatch.chdir(tmp_path)
+    colours = {**COLOURS, "black": (10, 10, 10), "yellow": (240, 220, 20), "purple": (150, 40, 170)}
+    rng = random.Random(0)
+
+    def draw(name: str, r: random.Random) -> Image.Image:
+        rgb = tuple(max(0, min(255, v + r.randint(-25, 25))) for v in colours[name])
+        return Image.new("RGB", (r.choice([16, 24, 32]), r.choice([16, 24])), rgb)
+
+    lines = []
+    for i in range(400):
+        name = rng.choice(list(colours))
+        draw(name, rng).save(tmp_path / f"{i}.png")
+        segs = [{"text": "Picture:"}, {"image": f"{i}.png"}, {"text": f" The box is {name}."}]
+        lines.append(json.dumps({"segments": segs}))
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    vision = VisionConfig(patch_size=8, max_image_side=32, encoder="linear")
+    mcfg = small_model_config().replace(vision=vision)
+    stages = [CurriculumStage("a", window=64, tokens=64 * 4 * 150, batch_size=4)]
+    tcfg = TrainConfig(
+        stages=stages, data="d.jsonl", warmup_steps=10, eval_every=0, ckpt_every=0, val_windows=1
+    )
+    tr = Trainer(tmp_path / "run", mcfg, tcfg, tok, progress=False)
+    tr.fit()
+    m, held, right, n = tr.model.eval(), random.Random(999), 0, 30
+    words = {c: tok.encode(" " + c) for c in colours}
+    with torch.no_grad():
+        for _ in range(n):
+            name = held.choice(list(colours))
+            p = patchify(draw(name, held), vision)
+            ids = [tok.bos_id] + tok.encode("Picture:") + image_span(p, tok) + tok.encode(" The box is")
+            emb, score = m.encode_images([p]), {}
+            for c, w in words.items():  # log-likelihood of each colour's tokens after the prompt
+                lp = m(torch.tensor([ids + w]), image_embeds=emb).logits[0].log_softmax(-1)
+                score[c] = sum(float(lp[len(ids) - 1 + j, t]) for j, t in enumerate(w))
+            right += max(score, key=score.get) == name
+    assert right / n >= 0.8, right / n
