@@ -323,6 +323,7 @@ class Trainer:
         window = self.curriculum.stage.window
         while n_micro < self.tcfg.grad_accum and not self.curriculum.done:
             b = self.curriculum.next_batch()
+            self._check_images(b)
             stage, window = b["stage"], b["window"]
             b = batch_to(self._local(b), self.par.device)
             with self._autocast():
@@ -392,18 +393,21 @@ class Trainer:
         rec.update(self.balance_record())
         return rec
 
+    def _check_images(self, batch: dict[str, Any]) -> None:
+        """Refuse images under torchrun, on the global batch (the same on every rank, so every rank
+        stops: a rank that went on would wait for the others in a collective)."""
+        if self.par.enabled and batch.get("images"):
+            raise ConfigError(
+                "image documents train in one process only: under torchrun the vision encoder's "
+                "gradients would be reduced only on ranks whose windows hold images, and context "
+                "parallelism would cut image spans (run without torchrun)"
+            )
+
     def _image_embeds(self, batch: dict[str, Any]) -> torch.Tensor | None:
         """Patch embeddings of the batch's images (``[n, d]``, row order), encoded in this step so the
         vision encoder trains with the language model; None for a batch without images."""
         images = batch.get("images")
-        if not images:
-            return None
-        if self.par.enabled:
-            raise ConfigError(
-                "image documents train in one process only: the FSDP/context-parallel layout does not "
-                "shard the vision encoder or split image batches yet (run without torchrun)"
-            )
-        return self.model.encode_images(images)
+        return self.model.encode_images(images) if images else None
 
     def _local(self, batch: dict[str, Any]) -> dict[str, Any]:
         """This rank's windows of the global ``batch`` (the whole batch in a single process)."""
@@ -449,6 +453,8 @@ class Trainer:
             self.val_cache[length] = val_batches(
                 self.tok, length, n, data=self.tcfg.data, vision=self.mcfg.vision
             )
+            for b in self.val_cache[length]:
+                self._check_images(b)
         self.model.eval()
         total, count = 0.0, 0
         batches, part, parts = self.val_cache[length], self.par.data_rank, self.par.data_degree

@@ -121,3 +121,20 @@ def test_training_reads_the_pixels(tmp_path, monkeypatch, tok):
                 score[c] = sum(float(lp[len(ids) - 1 + j, t]) for j, t in enumerate(w))
             right += max(score, key=score.get) == name
     assert right / n >= 0.8, right / n
+
+
+def test_images_under_torchrun_are_refused_on_the_global_batch(tmp_path, monkeypatch, tok):
+    """Every rank holds the same global batch, so every rank refuses it (none waits in a collective)."""
+    import dataclasses
+
+    from longmoe.config import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    tr = Trainer(tmp_path / "r", small_model_config().replace(vision=VIS), config(write_corpus(tmp_path)), tok,
+                 progress=False)  # fmt: skip
+    batch = tr.curriculum.next_batch()
+    tr._check_images(batch)  # one process: fine
+    tr.par = dataclasses.replace(tr.par, mesh=object())  # as under torchrun
+    with pytest.raises(ConfigError, match="one process only"):
+        tr._check_images(batch)
+    tr._check_images({k: v for k, v in batch.items() if k != "images"})  # text batches still train
