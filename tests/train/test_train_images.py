@@ -130,8 +130,8 @@ def test_images_under_torchrun_are_refused_on_the_global_batch(tmp_path, monkeyp
     from longmoe.config import ConfigError
 
     monkeypatch.chdir(tmp_path)
-    tr = Trainer(tmp_path / "r", small_model_config().replace(vision=VIS), config(write_corpus(tmp_path)), tok,
-                 progress=False)  # fmt: skip
+    mcfg, tcfg = small_model_config().replace(vision=VIS), config(write_corpus(tmp_path))
+    tr = Trainer(tmp_path / "r", mcfg, tcfg, tok, progress=False)
     batch = tr.curriculum.next_batch()
     tr._check_images(batch)  # one process: fine
     tr.par = dataclasses.replace(tr.par, mesh=object())  # as under torchrun
