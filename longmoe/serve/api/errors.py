@@ -68,6 +68,7 @@ _TYPE_TAGS = {
     "none",
     "StreamOptions",
     "ContentPart",
+    "ImageURL",
     "NamedToolChoice",
 }
 
