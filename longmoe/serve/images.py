@@ -31,6 +31,10 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
+from longmoe.config import VisionConfig
+from longmoe.data.images import ImageError, decode_image, patchify
+from longmoe.layers.vision import Patches
+
 MEDIA_TYPES = {  # declared media type -> Pillow's format name
     "image/png": "PNG",
     "image/jpeg": "JPEG",
@@ -159,17 +163,12 @@ def load_image_bytes(raw: bytes, param: str, limits: ImageLimits) -> Image.Image
 
 
 def decode_pixels(raw: bytes, param: str, limits: ImageLimits) -> Image.Image:
-    """The decoded RGB image (step 6); truncated or corrupt data is an ``ImageInputError``."""
+    """The decoded RGB image (step 6, ``data.images.decode_image``: transparency on white, as in
+    training); truncated or corrupt data is an ``ImageInputError``."""
     try:
-        with Image.open(io.BytesIO(raw)) as im:
-            if im.size[0] * im.size[1] > limits.max_image_pixels:  # checked already; kept next to load()
-                raise ImageInputError(param, "image exceeds the pixel limit")
-            im.load()
-            return im.convert("RGB")
-    except ImageInputError:
-        raise
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        raise ImageInputError(param, f"the image data is corrupt or truncated ({e})") from None
+        return decode_image(raw, max_pixels=limits.max_image_pixels)
+    except ImageError as e:
+        raise ImageInputError(param, str(e)) from None
 
 
 def load_data_uri(url: str, param: str, limits: ImageLimits) -> Image.Image:
@@ -236,6 +235,29 @@ def load_message_images(messages: list[dict], limits: ImageLimits) -> list[Image
             "messages", f"{len(parts)} images in the request, more than the limit of {limits.max_images}"
         )
     return [load_data_uri(url, param, limits) for param, url in parts]
+
+
+TEXT_ONLY = "this model reads text only (its config has no 'vision'); send the request without images"
+
+
+def chat_patches(messages: list[dict], limits: ImageLimits, vision: VisionConfig | None) -> list[Patches]:
+    """The ``Patches`` of a chat request's image parts, in order, after every check; a text-only
+    model (``vision`` None) refuses the first image part before anything is decoded."""
+    parts = message_image_parts(messages)
+    if parts and vision is None:
+        raise ImageInputError(parts[0][0], TEXT_ONLY)
+    return [patchify(im, vision) for im in load_message_images(messages, limits)] if parts else []
+
+
+def file_patches(
+    paths: list[str], limits: ImageLimits, vision: VisionConfig | None, param: str
+) -> list[Patches]:
+    """Image files as ``Patches`` (``longmoe generate --image``, ``longmoe chat``), after every check."""
+    if len(paths) > limits.max_images:
+        raise ImageInputError(param, f"{len(paths)} images, more than the limit of {limits.max_images}")
+    if paths and vision is None:
+        raise ImageInputError(param, TEXT_ONLY)
+    return [patchify(load_image_file(p, param, limits), vision) for p in paths]
 
 
 def to_data_uri(raw: bytes) -> str:
