@@ -235,9 +235,13 @@ class Engine:
         return RequestHandle(req, q, self._cancel)
 
     def generate(
-        self, prompt: str | list[int], params: SamplingParams | None = None, session: Session | None = None
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        session: Session | None = None,
+        images: Sequence[Patches] = (),
     ) -> Completion:
-        return self.submit(prompt, params, session=session).result()
+        return self.submit(prompt, params, session=session, images=images).result()
 
     def open_session(self) -> Session:
         """A new conversation whose requests continue one another on a kept cache row."""
