@@ -56,9 +56,9 @@ class PromptImages:
         want = sum(p.n for p in patches)
         if len(positions) != want:
             raise EngineError(
-                "prompt",
-                f"holds {len(positions)} <|image_patch|> tokens but its {len(patches)} image(s) have {want} "
-                "patches (text must not spell image tokens; use data.images.image_span)",
+                "images",
+                f"the prompt holds {len(positions)} <|image_patch|> tokens but its {len(patches)} image(s) "
+                f"have {want} patches (text must not spell image tokens; use data.images.image_span)",
             )
         marks, k = [], 0
         for p in patches:
@@ -119,6 +119,6 @@ def check_images(
         return None
     if not patches:
         if patch_id in ids:
-            raise EngineError("prompt", "holds <|image_patch|> tokens but no images were given")
+            raise EngineError("images", "the prompt holds <|image_patch|> tokens but no images were given")
         return None
     return PromptImages.of(ids, patches, patch_id)

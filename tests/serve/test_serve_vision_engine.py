@@ -188,7 +188,7 @@ def test_refusals_name_the_field(vmodel, tok):
     assert err.value.param == "images" and "reads text only" in str(err.value)
     with engine(vmodel, tok) as e:
         ids = e.encode_prompt("hi", [image(2, 2, 1)])
-        with pytest.raises(EngineError, match="holds 4 <.image_patch.> tokens but its 1 image"):
+        with pytest.raises(EngineError, match="the prompt holds 4 <.image_patch.> tokens but its 1 image"):
             e.generate(ids, GREEDY, images=[image(1, 1, 1)])
         with pytest.raises(EngineError, match="no images were given"):
             e.generate(ids, GREEDY)

@@ -50,7 +50,9 @@ async def create_chat_completion(request: Request) -> Response:
         max_tokens = max(1, min(DEFAULT_CHAT_MAX_TOKENS, engine.max_context - len(ids)))
     fmt = plan.constraint or await constraint(request, req)
     params = sampling_params(req, max_tokens, req.logprobs, req.top_logprobs or 0, fmt)
-    h, q = await submit(request, ids, params, rename={"max_tokens": limit_field}, images=images)
+    h, q = await submit(
+        request, ids, params, rename={"max_tokens": limit_field, "images": "messages"}, images=images
+    )
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion.chunk",
