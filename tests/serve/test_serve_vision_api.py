@@ -10,23 +10,14 @@ import base64
 import httpx
 import openai
 import pytest
-from serveutil import served, tiny_vision_model
+from serveutil import served
 from test_serve_images import encoded, png_bomb, uri
 
 from longmoe.data.images import decode_image, patchify
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.serve.sampling import SamplingParams
 
 IMG = encoded("PNG", (24, 16), (10, 200, 40))  # 6 x 4 patches of 4 px
 PART = "messages.0.content.1.image_url"
-
-
-@pytest.fixture(scope="module")
-def vision_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny_vision")
-    tiny_vision_model().save_pretrained(d)
-    tokenizer_for_tests(512).save(d)
-    return d
 
 
 @pytest.fixture(scope="module")
