@@ -142,3 +142,25 @@ def test_data_uri_helper_round_trip():
     from longmoe.serve.images import to_data_uri
 
     assert to_data_uri(IMG) == uri(IMG) and base64.b64decode(to_data_uri(IMG).split(",")[1]) == IMG
+
+
+def test_info_describes_the_vision_side(server):
+    engine, url = server
+    v = httpx.get(url + "/v1/info").json()["vision"]
+    assert v == {"patch_size": 4, "max_image_side": 32, "max_images": 2, "max_image_bytes": 20_000}
+
+
+def test_images_with_tools_and_response_format(server):
+    """Images and the other chat features compose: a forced tool call and a JSON object answer."""
+    engine, url = server
+    params = {"type": "object", "properties": {"amount": {"type": "number"}}, "required": ["amount"]}
+    tools = [{"type": "function", "function": {"name": "total", "parameters": params}}]
+    r = post(url, ask(uri(IMG)), tools=tools, tool_choice="required", max_tokens=60)
+    assert r.status_code == 200, r.text
+    msg = r.json()["choices"][0]["message"]
+    assert msg["tool_calls"][0]["function"]["name"] == "total"
+    patches = [patchify(decode_image(IMG), engine.model.cfg.vision)]
+    assert r.json()["usage"]["prompt_tokens"] == len(engine.encode_chat(ask(uri(IMG)), tools, patches))
+    r = post(url, ask(uri(IMG)), response_format={"type": "json_object"}, max_tokens=200)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"].startswith("{")

@@ -112,6 +112,7 @@ def test_chat_session(server, page):
     page.dispatch_event("#key", "change")
     until(page, "() => document.getElementById('info').textContent.includes('parameters')")
     assert "cache" in page.inner_text("#info") and "context 1024" in page.inner_text("#info")
+    assert page.is_disabled("#attach")  # a text-only model: no image button
 
     # 1. type a message, see it stream with send disabled and stop enabled
     page.fill("#maxtok", "900")
@@ -200,6 +201,8 @@ def test_attach_an_image(vision_server, page, tmp_path):
     Image.new("RGB", (24, 16), (220, 20, 20)).save(red)
     Image.new("RGB", (16, 16), (20, 20, 220)).save(blue)
     page.goto(url)
+    until(page, "() => document.getElementById('info').textContent.includes('parameters')")
+    assert page.is_enabled("#attach")
     page.fill("#maxtok", "6")
     page.set_input_files("#file", [str(red), str(blue)])
     page.wait_for_selector("#attached img >> nth=1")

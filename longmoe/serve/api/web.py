@@ -73,6 +73,15 @@ async def info(request: Request) -> Response:
         "device": str(e.device),
         "max_batch": e.cfg.max_batch,
         "cache_budget_bytes": s["cache_budget_bytes"],
+        # what the page's image button needs: null for a text-only model
+        "vision": None
+        if mc.vision is None
+        else {
+            "patch_size": mc.vision.patch_size,
+            "max_image_side": mc.vision.max_image_side,
+            "max_images": e.cfg.max_images,
+            "max_image_bytes": e.cfg.max_image_bytes,
+        },
         **{k: s[k] for k in keys},
     }
     return JSONResponse(body)
