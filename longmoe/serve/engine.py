@@ -23,6 +23,9 @@ target forward and rolls rejected rows back).
 **Sessions** (``serve/session.py``) keep a finished request's cache row for the conversation's next
 request, which supplies only its new tokens: an agent episode prefills each observation once.
 
+**Images** (``serve/prompt_images.py``): a request may carry the ``Patches`` of the images in its
+prompt; they are encoded once and each prefill chunk gets the embeddings of the patch tokens it feeds.
+
 Rows never interact (the model is row-independent and MoE routing is per token), so a request's
 tokens are the same alone or batched; sampling depends only on its own logits and seed.
 """

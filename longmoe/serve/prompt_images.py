@@ -21,12 +21,16 @@ import bisect
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
 from longmoe.serve.request import EngineError
+
+if TYPE_CHECKING:
+    from longmoe.data.tokenizer import Tokenizer
 
 Mark = tuple[int, bytes]  # (prompt position of an image's first patch, the image's pixel digest)
 
@@ -76,11 +80,10 @@ class PromptImages:
         if a == b:
             return None
         if self._embeds is None or a < self._first:
-            first, i, k = 0, 0, 0  # encode from the image holding patch a on
-            while k + self.patches[i].n <= a:
-                k += self.patches[i].n
+            i, first = 0, 0  # encode from the image holding patch a on
+            while first + self.patches[i].n <= a:
+                first += self.patches[i].n
                 i += 1
-            first = k
             self._embeds, self._first = model.encode_images(self.patches[i:]), first  # [Σ n, d]
         return self._embeds[a - self._first : b - self._first]
 
@@ -98,7 +101,7 @@ def chunk_embeds(model: LongMoE, rows: Sequence[tuple[PromptImages | None, int, 
     return parts[0] if len(parts) == 1 else torch.cat(parts)  # [n, d_model]
 
 
-def image_token_ids(model: LongMoE, tokenizer) -> list[int]:
+def image_token_ids(model: LongMoE, tokenizer: Tokenizer) -> list[int]:
     """The ids decode must never produce on a model with a vision encoder (none for a text model)."""
     if model.cfg.vision is None:
         return []
