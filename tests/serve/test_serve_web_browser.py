@@ -177,7 +177,7 @@ def test_chat_session(server, page):
 
 @pytest.fixture(scope="module")
 def vision_server(vision_dir):
-    engine = Engine.from_dir(vision_dir, prefill_chunk=16)
+    engine = Engine.from_dir(vision_dir, prefill_chunk=16, max_image_bytes=20_000)
     app = create_app(engine, model_name="tiny-vision")
     srv, th, port = serve_in_thread(app)
     yield engine, f"http://127.0.0.1:{port}"
@@ -210,6 +210,12 @@ def test_attach_an_image(vision_server, page, tmp_path):
     page.click("#attached button[title='remove blue.png']")
     assert page.locator("#attached img").count() == 1
     assert page.get_attribute("#attached img", "alt") == "red.png"
+    noise = tmp_path / "noise.png"  # ~49 KB of random pixels: over the server's 20 000-byte limit
+    Image.frombytes("RGB", (128, 128), os.urandom(128 * 128 * 3)).save(noise)
+    page.set_input_files("#file", str(noise))
+    page.wait_for_selector(".err")
+    assert "noise.png" in page.inner_text(".err") and "19.5 KiB" in page.inner_text(".err")
+    assert page.locator("#attached img").count() == 1  # not attached
 
     before = engine.stats()["prompt_tokens"]
     with page.expect_response("**/v1/chat/completions") as resp:
@@ -221,7 +227,7 @@ def test_attach_an_image(vision_server, page, tmp_path):
     assert user.locator("img").count() == 1 and "what colour?" in user.text_content()
     assert page.evaluate(THUMB_LOADED, ".user img")
     assert page.locator("#attached img").count() == 0  # sent: the attachment row is empty
-    assert page.locator(".err").count() == 0
+    assert page.locator(".err").count() == 1  # only the refused file's note
     body = json.loads(resp.value.request.post_data)
     parts = body["messages"][-1]["content"]
     assert [p["type"] for p in parts] == ["image_url", "text"]
@@ -237,5 +243,5 @@ def test_attach_an_image(vision_server, page, tmp_path):
     page.press("#msg", "Enter")
     until(page, "() => document.querySelectorAll('.assistant').length === 2")
     until(page, "() => !document.getElementById('send').disabled")
-    assert page.locator(".err").count() == 0
+    assert page.locator(".err").count() == 1  # only the refused file's note
     assert not page.errors, page.errors
