@@ -49,7 +49,6 @@ SIGNATURES = (  # (file signature prefix, format); WebP is RIFF....WEBP, checked
     (b"GIF89a", "GIF"),
 )
 FORMAT_NAMES = {"PNG": "PNG", "JPEG": "JPEG", "WEBP": "WebP", "GIF": "GIF"}
-SUFFIXES = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".gif": "GIF"}
 _DATA_URI = re.compile(r"^data:([^,;]*)((?:;[^,;]*)*),", re.IGNORECASE)
 
 
