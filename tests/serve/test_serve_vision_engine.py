@@ -169,7 +169,7 @@ def test_image_tokens_are_never_generated(vmodel, tok):
 
 def test_sessions_carry_their_images(vmodel, tok):
     """Turn 2 of a session (text only) continues the kept row whose prompt held an image; it equals
-    a fresh request with the whole context and the image."""
+    a fresh request with the whole context and the image; so does turn 3 after the row was evicted."""
     imgs = [image(2, 3, 5)]
     p = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     with engine(vmodel, tok, prefill_chunk=8) as e:
@@ -180,6 +180,11 @@ def test_sessions_carry_their_images(vmodel, tok):
         full = s.tokens[: len(s.tokens) - len(second.token_ids)]
         fresh = e.generate(full, p, images=imgs)
         assert second.token_ids == fresh.token_ids and second.cached_tokens > 0
+        # the kept row dropped (memory pressure): the next turn re-prefills the whole context, image too
+        assert e.sessions.evict_one()
+        third = e.generate(" once more", p, session=s)
+        full = s.tokens[: len(s.tokens) - len(third.token_ids)]
+        assert third.cached_tokens == 0 and third.token_ids == e.generate(full, p, images=imgs).token_ids
 
 
 def test_refusals_name_the_field(vmodel, tok):
