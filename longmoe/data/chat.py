@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the tokenizer imports this module for its template
     from longmoe.data.tokenizer import Tokenizer
+    from longmoe.layers.vision import Patches
 
 ROLE_TOKENS = {
     "system": "<|system|>",
@@ -218,29 +220,73 @@ def encode_chat(
     add_generation_prompt: bool = False,
     bos: bool = False,
     tools: list[dict[str, Any]] | None = None,
+    images: Sequence[Patches] | None = None,
 ) -> ChatTokens:
     """Token ids of a conversation with the SFT/RL loss mask: True on assistant bodies only.
 
     System, user and tool-result tokens and every role marker are context (False). The ids equal
     ``tokenizer.encode(render_messages(...))`` (tested), since each piece starts at a special token.
+    ``images``: the ``Patches`` of the conversation's image parts in order; each part becomes its
+    image's token span (``<|image|>`` + one ``<|image_patch|>`` per patch + ``<|/image|>``).
     """
     messages = with_tools(messages, tools)
     out = ChatTokens()
     if bos:
         out.ids.append(tokenizer.bos_id)
         out.assistant_mask.append(False)
+    spans = _ImageSpans(tokenizer, images)
     for i, m in enumerate(messages):
         head, body, tail = render_message(m, i)
         train = m["role"] == "assistant"
         for text, mask in ((head, False), (body, train), (tail, False)):
-            ids = tokenizer.encode(text)
+            ids = spans.expand(tokenizer.encode(text))
             out.ids += ids
             out.assistant_mask += [mask] * len(ids)
     if add_generation_prompt:
         ids = tokenizer.encode(ROLE_TOKENS["assistant"] + "\n")
         out.ids += ids
         out.assistant_mask += [False] * len(ids)
+    spans.check_all_used()
     return out
+
+
+class _ImageSpans:
+    """Replaces each image part's ``IMAGE_SPAN`` (``<|image|><|/image|>``, no patches) by the next
+    image's full span (``data.images.image_span``), in order. Text that spells the markers itself
+    would shift every later image, so any count other than one span per image is an error."""
+
+    def __init__(self, tokenizer: Tokenizer, images: Sequence[Patches] | None) -> None:
+        self.images, self.used = list(images or []), 0
+        self.tokenizer = tokenizer
+        self.start, self.end = tokenizer.image_start_id, tokenizer.image_end_id
+
+    def expand(self, ids: list[int]) -> list[int]:
+        if not self.images or self.start not in ids:
+            return ids
+        from longmoe.data.images import image_span  # PIL and numpy only where images are used
+
+        out, i = [], 0
+        while i < len(ids):
+            if ids[i] == self.start and i + 1 < len(ids) and ids[i + 1] == self.end:
+                if self.used == len(self.images):
+                    raise ValueError(self._mismatch())
+                out += image_span(self.images[self.used], self.tokenizer)
+                self.used += 1
+                i += 2
+            else:
+                out.append(ids[i])
+                i += 1
+        return out
+
+    def check_all_used(self) -> None:
+        if self.used != len(self.images):
+            raise ValueError(self._mismatch())
+
+    def _mismatch(self) -> str:
+        return (
+            f"messages: {len(self.images)} image(s) given but the conversation has a different number of "
+            "image parts (text must not spell the image marker tokens)"
+        )
 
 
 def parse_assistant(text: str) -> AssistantTurn:

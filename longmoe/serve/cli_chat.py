@@ -1,7 +1,10 @@
 """``longmoe chat --model DIR``: an interactive chat REPL using the tokenizer's chat template.
 
 Reads one user message per line from stdin (so it also works piped: ``echo hi | longmoe chat ...``).
-Commands: ``/reset`` clears the history, ``/system TEXT`` sets the system message, ``/exit`` quits.
+Commands: ``/reset`` clears the history, ``/system TEXT`` sets the system message, ``/exit`` quits,
+``/image PATH`` attaches an image (PNG, JPEG, WebP, GIF) to the next message (a model with a vision
+encoder; ``--image FILE`` attaches one to the first message). An attached image is shown to the model
+before the message's text and stays in the history.
 Ctrl-C stops the reply being generated (or clears the prompt line) and keeps the session; Ctrl-D quits.
 
 With ``--tools FILE`` (a JSON list of OpenAI function schemas) the model sees the tools and may call
@@ -22,18 +25,26 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.data.chat import TOOL_CALL, parse_assistant
+from longmoe.layers.vision import Patches
 from longmoe.serve.cli_generate import add_engine_arguments, add_sampling_arguments, engine_from_args
 from longmoe.serve.cli_generate import params_from_args as _params
 from longmoe.serve.engine import Engine, EngineError
+from longmoe.serve.images import ImageInputError, file_patches
 from longmoe.serve.sampling import SamplingError, TokenConstraint
 from longmoe.serve.structured import JsonGrammars, StructuredOutputError
 from longmoe.serve.tool_calls import forced_call, no_call
+
+PATCHES = "_patches"  # key of a history message's attached images (stripped before rendering)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     add_sampling_arguments(parser, max_tokens=256)
     parser.add_argument("--system", default=None, help="system message placed before the conversation")
+    parser.add_argument(
+        "--image", action="append", default=[], metavar="FILE",
+        help="attach an image to the first message (repeatable; /image PATH attaches one later)",
+    )  # fmt: skip
     parser.add_argument(
         "--tools", type=Path, default=None, help="JSON file: a list of OpenAI tools the model may call"
     )
@@ -75,13 +86,31 @@ def _show_call(name: str, arguments: dict[str, Any]) -> str:
     return f"  -> {name}({json.dumps(arguments, ensure_ascii=False)})"
 
 
+def _user_message(text: str, images: list[Patches]) -> dict[str, Any]:
+    """A user message: the attached images (as image parts, their ``Patches`` kept beside), then text."""
+    if not images:
+        return {"role": "user", "content": text}
+    parts = [{"type": "image_url", "image_url": {"url": "attached"}} for _ in images]
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}], PATCHES: images}
+
+
+def _prompt(
+    engine: Engine, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> tuple[list[int], list[Patches]]:
+    images = [p for m in messages for p in m.get(PATCHES, [])]
+    clean = [{k: v for k, v in m.items() if k != PATCHES} for m in messages]
+    return engine.encode_chat(clean, tools or None, images), images
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         params = _params(args)
         tools = load_tools(args.tools) if args.tools else []
         engine = engine_from_args(args)
         first, later = _constraints(engine, tools, args.tool_choice)
-    except (SamplingError, StructuredOutputError, ValueError, FileNotFoundError) as e:
+        limits, vision = engine.cfg.image_limits, engine.model.cfg.vision
+        attached = file_patches(args.image, limits, vision, "--image")
+    except (SamplingError, StructuredOutputError, ImageInputError, ValueError, FileNotFoundError) as e:
         print(f"longmoe chat: error: {e}", file=sys.stderr)
         return 2
     tty = sys.stdin.isatty()
@@ -90,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
     pending: list[dict] = []  # tool calls of the last turn still waiting for their results
     call_tok = engine.tokenizer.token_to_id(TOOL_CALL)
     if tty:
-        print("longmoe chat — /reset clears history, /system TEXT sets the system message, /exit quits")
+        print(
+            "longmoe chat — /reset clears history, /system TEXT sets the system message, "
+            "/image PATH attaches an image, /exit quits"
+        )
     with engine:
         while True:
             if tty:
@@ -114,23 +146,34 @@ def run(args: argparse.Namespace) -> int:
                 if msg.strip() == "/exit":
                     break
                 if msg.strip() == "/reset":
-                    history = []
+                    history, attached = [], []
                     print("[history cleared]")
                     continue
                 if msg.startswith("/system"):
                     system = msg[len("/system") :].strip() or None
                     print(f"[system message {'set' if system else 'cleared'}]")
                     continue
-                history.append({"role": "user", "content": msg})
+                if msg.startswith("/image"):
+                    path = msg[len("/image") :].strip()
+                    try:
+                        attached += file_patches([path], limits, vision, "/image")
+                    except ImageInputError as e:
+                        print(f"longmoe chat: error: {e}", file=sys.stderr)
+                        continue
+                    print(f"[image attached to the next message: {len(attached)} in all]")
+                    continue
+                history.append(_user_message(msg, attached))
                 constraint = first
             messages = ([{"role": "system", "content": system}] if system else []) + history
             p = dataclasses.replace(params, constraint=constraint) if constraint else params
             try:
-                h = engine.submit(engine.encode_chat(messages, tools or None), p)
+                ids, images = _prompt(engine, messages, tools)
+                h = engine.submit(ids, p, images=images)
             except EngineError as e:
                 history.pop()
                 print(f"longmoe chat: error: {e}", file=sys.stderr)
                 continue
+            attached = []
             print("assistant> ", end="", flush=True)
             in_call = False
             try:

@@ -1,5 +1,8 @@
 """``longmoe generate --model DIR "prompt"``: stream a completion to the terminal.
 
+``--image FILE`` (repeatable, a model with a vision encoder) puts each image's token span before the
+prompt text, in the order given.
+
 Also home of the options every serving command shares (engine knobs and sampling flags).
 """
 
@@ -16,6 +19,7 @@ from pathlib import Path
 from longmoe.argtypes import device
 from longmoe.ops.quant import MODES as QUANT_MODES
 from longmoe.serve.engine import Engine, EngineError
+from longmoe.serve.images import ImageInputError, file_patches
 from longmoe.serve.sampling import SamplingError, SamplingParams, TokenConstraint
 from longmoe.serve.structured import JsonFormat, JsonGrammars, StructuredOutputError
 
@@ -54,6 +58,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--num-speculative-tokens", type=int, default=3, help="tokens the draft proposes per step (3)"
     )
+    p.add_argument("--max-images", type=int, default=4, help="images per request (4)")
+    p.add_argument("--max-image-kb", type=int, default=1024, help="encoded size per image, KiB (1024)")
+    p.add_argument(
+        "--max-image-pixels", type=int, default=4096 * 4096, help="width x height per image (4096*4096)"
+    )
 
 
 def engine_from_args(args: argparse.Namespace) -> Engine:
@@ -69,6 +78,9 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         prefix_block_size=args.prefix_block_size,
         draft_model=args.draft_model,
         num_speculative_tokens=args.num_speculative_tokens,
+        max_images=args.max_images,
+        max_image_bytes=args.max_image_kb * 1024,
+        max_image_pixels=args.max_image_pixels,
     )
 
 
@@ -100,6 +112,13 @@ def params_from_args(args: argparse.Namespace, **extra: object) -> SamplingParam
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     parser.add_argument("prompt", nargs="?", default="-", help='prompt text ("-" or omitted: read stdin)')
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an image (PNG, JPEG, WebP, GIF) placed before the prompt text; repeatable (vision models)",
+    )
     add_sampling_arguments(parser)
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-text token")
     parser.add_argument("--stats", action="store_true", help="print token counts and speed to stderr")
@@ -142,8 +161,9 @@ def run(args: argparse.Namespace) -> int:
                 return 2
         t0 = time.perf_counter()
         try:
-            h = engine.submit(prompt, params)
-        except EngineError as e:
+            images = file_patches(args.image, engine.cfg.image_limits, engine.model.cfg.vision, "--image")
+            h = engine.submit(prompt, params, images=images)
+        except (EngineError, ImageInputError) as e:
             print(f"longmoe generate: error: {e}", file=sys.stderr)
             return 2
         for ev in h.events():

@@ -23,6 +23,9 @@ target forward and rolls rejected rows back).
 **Sessions** (``serve/session.py``) keep a finished request's cache row for the conversation's next
 request, which supplies only its new tokens: an agent episode prefills each observation once.
 
+**Images** (``serve/prompt_images.py``): a request may carry the ``Patches`` of the images in its
+prompt; they are encoded once and each prefill chunk gets the embeddings of the patch tokens it feeds.
+
 Rows never interact (the model is row-independent and MoE routing is per token), so a request's
 tokens are the same alone or batched; sampling depends only on its own logits and seed.
 """
@@ -37,7 +40,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 
@@ -45,7 +48,10 @@ import torch
 
 from longmoe.cache import Cache
 from longmoe.checkpoint import load_model
+from longmoe.data.chat import encode_chat
+from longmoe.data.images import image_span
 from longmoe.data.tokenizer import Tokenizer
+from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
 from longmoe.quantize import quantize_model
 from longmoe.serve.budget import CacheBudget, CacheSpec
@@ -53,6 +59,7 @@ from longmoe.serve.compiled import CompiledSteps
 from longmoe.serve.detok import IncrementalDetokenizer
 from longmoe.serve.engine_config import EngineConfig
 from longmoe.serve.prefix_cache import PrefixCache
+from longmoe.serve.prompt_images import check_images, chunk_embeds, image_token_ids
 from longmoe.serve.request import (
     FINISH_REASONS,
     Completion,
@@ -110,6 +117,11 @@ class Engine:
             else None
         )
         self.sessions = Sessions(self.budget)
+        # a model with a vision encoder must never generate an image token (decode has no pixels)
+        banned = image_token_ids(model, tokenizer)
+        self._banned = torch.tensor(banned, device=self.device) if banned else None
+        if self.speculator is not None:
+            self.speculator.banned = self._banned
         self._closing: list[Session] = []
         self._cv = threading.Condition()
         self._incoming: list[Request] = []
@@ -149,15 +161,22 @@ class Engine:
         ``max_seq_len``."""
         return int(self.cfg.max_context or self.model.cfg.max_seq_len)
 
-    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+    def encode_prompt(self, prompt: str | list[int], images: Sequence[Patches] = ()) -> list[int]:
+        """Token ids of a prompt; a text prompt's ``images`` come first, each as its token span."""
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, bos=self.cfg.add_bos)
+            ids = self.tokenizer.encode(prompt, bos=False)
+            spans = [t for p in images for t in image_span(p, self.tokenizer)]
+            return [self.tokenizer.bos_id] * self.cfg.add_bos + spans + ids
         return check_ids(prompt, self.vocab_size)
 
-    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict], tools: list[dict] | None = None, images: Sequence[Patches] = ()
+    ) -> list[int]:
         """Chat messages (and the tools shown to the model) -> prompt ids via the tokenizer's
-        template, ending in ``<|assistant|>\\n``."""
+        template, ending in ``<|assistant|>\\n``; ``images`` are the image parts' ``Patches`` in order."""
         try:
+            if images:
+                return encode_chat(self.tokenizer, messages, True, self.cfg.add_bos, tools, images=images).ids
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
         except (ValueError, AttributeError, TypeError) as e:
             raise EngineError("messages", str(e)) from e
@@ -170,22 +189,27 @@ class Engine:
         params: SamplingParams | None = None,
         sink: Callable[[Event], None] | None = None,
         session: Session | None = None,
+        images: Sequence[Patches] = (),
     ) -> RequestHandle:
         """Queue a request; events go to ``sink`` (called from the engine thread) or the handle.
 
         With a ``session`` (``open_session``) the prompt is only what is new since the session's last
-        request (its whole context and kept cache row are reused; see ``serve/session.py``)."""
+        request (its whole context and kept cache row are reused; see ``serve/session.py``).
+        ``images``: the ``Patches`` of the prompt's image spans in order (a text prompt gets them in
+        front, ``encode_prompt``); see ``serve/prompt_images.py``."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params: expected SamplingParams, got {type(params).__name__}")
         if session is not None:
             session.check()
-            if isinstance(prompt, str) and session.tokens:
-                prompt = self.tokenizer.encode(prompt, bos=False)  # a continuation: no second <|bos|>
-            ids = session.tokens + self.encode_prompt(prompt)
+            if isinstance(prompt, str) and session.tokens:  # a continuation: no second <|bos|>
+                prompt = self.encode_prompt(prompt, images)[self.cfg.add_bos :]
+            ids = session.tokens + self.encode_prompt(prompt, images)
+            images = [*session.images, *images]  # the context's earlier images come first
         else:
-            ids = self.encode_prompt(prompt)
+            ids = self.encode_prompt(prompt, images)
         check_lengths(len(ids), params.max_tokens, self.max_context, self.budget)
+        prompt_images = check_images(self.model, ids, images, self.tokenizer.image_patch_id)
         q: queue.Queue | None = None
         if sink is None:
             q = queue.Queue()
@@ -194,6 +218,7 @@ class Engine:
         if not params.ignore_eos:
             stop_ids |= {self.tokenizer.eos_id, self.tokenizer.end_id}
         req = Request(next(self._ids), ids, params, sink, stop_ids=frozenset(stop_ids), session=session)
+        req.images = prompt_images
         req.plain_greedy = plain_greedy(params)
         req.sampler = SamplerState(params, ids, self.vocab_size, self.device)
         req.detok = IncrementalDetokenizer(self.tokenizer)
@@ -213,9 +238,13 @@ class Engine:
         return RequestHandle(req, q, self._cancel)
 
     def generate(
-        self, prompt: str | list[int], params: SamplingParams | None = None, session: Session | None = None
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        session: Session | None = None,
+        images: Sequence[Patches] = (),
     ) -> Completion:
-        return self.submit(prompt, params, session=session).result()
+        return self.submit(prompt, params, session=session, images=images).result()
 
     def open_session(self) -> Session:
         """A new conversation whose requests continue one another on a kept cache row."""
@@ -386,7 +415,7 @@ class Engine:
             if s is not None:
                 self.sessions.stats.turns += 1
             if self.prefix is not None and r.reused == 0:
-                r.block_hashes = self.prefix.hashes(r.prompt_ids)
+                r.block_hashes = self.prefix.hashes(r.prompt_ids, r.image_marks)
                 self.prefix.reuse(r)
             self._prefilling.append(r)
 
@@ -396,11 +425,13 @@ class Engine:
             return self.speculator.new_cache(1, self.device)
         return self.model.new_cache(1, self.device)
 
-    def _forward(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
+    def _forward(
+        self, x: torch.Tensor, cache: Cache, image_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Prompt tokens ``x [B, T]`` into ``cache`` (and the draft's layers); the target's logits."""
         if self.speculator is not None:
-            return self.speculator.forward(x, cache)
-        return self.model(x, cache=cache).logits
+            return self.speculator.forward(x, cache, image_embeds)
+        return self.model(x, cache=cache, image_embeds=image_embeds).logits
 
     def _prefill_step(self) -> int:
         """Feed one chunk of about ``prefill_chunk`` prompt tokens in one forward call.
@@ -421,20 +452,23 @@ class Engine:
         x = torch.tensor(
             [r.prompt_ids[r.n_fed : r.n_fed + L] for r in group], dtype=torch.long, device=self.device
         )  # [k, L]
+        emb = chunk_embeds(self.model, [(r.images, r.n_fed, r.n_fed + L) for r in group])  # [n, d] | None
         if len(group) == 1:
             assert group[0].cache is not None
-            logits = self._last_logits(x, group[0].cache)  # [1, V]
+            logits = self._last_logits(x, group[0].cache, emb)  # [1, V]
         else:
             cache = Cache.stack([r.cache for r in group if r.cache is not None])
-            logits = self._last_logits(x, cache)  # [k, V]
+            logits = self._last_logits(x, cache, emb)  # [k, V]
             for r, c in zip(group, cache.split(), strict=True):
                 r.cache = c
         produced = 0
         for i, r in enumerate(group):
             r.n_fed += L
             if self.prefix is not None and r.cache is not None and r.block_hashes:
-                self.prefix.store(r.prompt_ids, r.block_hashes, r.cache)
+                self.prefix.store(r.prompt_ids, r.block_hashes, r.cache, r.image_marks)
             if r.n_fed == len(r.prompt_ids):
+                if r.images is not None:
+                    r.images.release()
                 if self.prefix is not None and r.block_hashes:
                     self.prefix.count(r)
                 self._prefilling.remove(r)
@@ -465,13 +499,17 @@ class Engine:
             self._accept(r, TokenChoice(fast[i]) if i in fast else self._choose(r, logits[i]))
         return len(self._batch_reqs)
 
-    def _last_logits(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
+    def _last_logits(
+        self, x: torch.Tensor, cache: Cache, image_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Logits ``[B, V]`` of the last position of ``x [B, T]`` continuing ``cache``: through the
         speculator when there is a draft (its layers live in the same cache and must see the prompt too),
-        else the compiled steps or the eager model."""
-        if self.speculator is not None or self.compiled is None:
-            return self._forward(x, cache)[:, -1]
-        return self.compiled(x, cache)[:, -1]
+        else the compiled steps or the eager model (always for a chunk with images); image tokens banned."""
+        if self.speculator is not None or self.compiled is None or image_embeds is not None:
+            logits = self._forward(x, cache, image_embeds)[:, -1]
+        else:
+            logits = self.compiled(x, cache)[:, -1]
+        return logits if self._banned is None else logits.index_fill(-1, self._banned, -torch.inf)
 
     def _emit(self, r: Request, choice: TokenChoice) -> bool:
         self._accept(r, choice)
@@ -527,6 +565,7 @@ class Engine:
         if r.session is not None:  # before the result is delivered: the caller may continue at once
             if reason in ("stop", "length"):  # a cancelled or failed turn leaves the context unchanged
                 r.session.tokens = r.prompt_ids + r.out
+                r.session.images = list(r.images.patches) if r.images is not None else []
                 r.session.turns += 1
             r.session.active = False
         self.finished[reason] += 1

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from longmoe.ops.quant import MODES as QUANT_MODES
+from longmoe.serve.images import ImageLimits
+
+IMAGE_LIMITS = ("max_images", "max_image_bytes", "max_image_pixels")
 
 
 @dataclass
@@ -27,10 +30,14 @@ class EngineConfig:
     prefix_block_size: int = 64  # prompt tokens per prefix block (snapshots sit at multiples of it)
     draft_model: str | None = None  # model directory of a draft for speculative decoding (from_dir)
     num_speculative_tokens: int = 3  # tokens the draft proposes per step
+    # images per request and per image (serve/images.py: checked before any pixel is decoded)
+    max_images: int = 4
+    max_image_bytes: int = 1 << 20
+    max_image_pixels: int = 4096 * 4096
 
     def __post_init__(self) -> None:
         ints = ("prefill_chunk", "max_batch", "cache_budget_bytes", "block_size", "max_waiting")
-        for f in (*ints, "prefix_block_size", "num_speculative_tokens"):
+        for f in (*ints, "prefix_block_size", "num_speculative_tokens", *IMAGE_LIMITS):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{f}: expected an integer >= 1, got {v!r}")
@@ -39,3 +46,7 @@ class EngineConfig:
             raise ValueError(f"max_context: expected None or an integer >= 2, got {v!r}")
         if self.quantize is not None and self.quantize not in QUANT_MODES:
             raise ValueError(f"quantize: expected None or one of {QUANT_MODES}, got {self.quantize!r}")
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(self.max_images, self.max_image_bytes, self.max_image_pixels)

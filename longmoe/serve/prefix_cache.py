@@ -10,7 +10,10 @@ a copy: nothing a request does can change a snapshot) and prefills only the rest
 
 Keys are chained block hashes (as vLLM's): ``h_j = H(h_{j-1}, tokens of block j)``, so a node's key
 names its whole prefix. A hit is also checked token by token against the node's chain, so two prompts
-whose hashes collide can never get each other's state.
+whose hashes collide can never get each other's state. Images: identical token ids can carry
+different pixels, so ``marks`` (an image's first patch position and pixel digest,
+``serve/prompt_images.py``) join the hash of the block holding that position and are checked on a
+hit like the tokens.
 
 Memory: snapshot bytes are accounted in the engine's ``CacheBudget`` (``snapshot_bytes``) and only
 use what running requests have not reserved; least recently used leaves are evicted first, whenever a
@@ -56,6 +59,7 @@ class Snapshot:
     nbytes: int
     parent: Snapshot | None
     children: int = 0
+    marks: tuple[tuple[int, bytes], ...] = ()  # the images starting in [start, end), checked on a hit
 
     def chain(self) -> list[Snapshot]:
         """Nodes from the root to this one."""
@@ -88,20 +92,30 @@ class PrefixCache:
         self.stats = PrefixStats()
 
     # ------------------------------------------------------------------ keys
-    def hashes(self, ids: Sequence[int]) -> list[bytes]:
-        """Chained hash of every full block of ``ids`` (``out[j]`` names the prefix ``ids[:(j+1)·bs]``)."""
+    def hashes(self, ids: Sequence[int], marks: Sequence[tuple[int, bytes]] = ()) -> list[bytes]:
+        """Chained hash of every full block of ``ids`` (``out[j]`` names the prefix ``ids[:(j+1)·bs]``);
+        an image's digest joins the hash of the block holding its first patch (``marks``)."""
         bs, out, h = self.block_size, [], b""
         for j in range(len(ids) // bs):
+            for pos, digest in marks:
+                if j * bs <= pos < (j + 1) * bs:
+                    h = hashlib.blake2b(h + digest, digest_size=16).digest()
             h = self.hash_fn(h, ids[j * bs : (j + 1) * bs])
             out.append(h)
         return out
+
+    @staticmethod
+    def _marks_in(marks: Sequence[tuple[int, bytes]], start: int, end: int) -> tuple[tuple[int, bytes], ...]:
+        return tuple(m for m in marks if start <= m[0] < end)
 
     def last_boundary(self, n_prompt: int) -> int:
         """The longest reusable prefix of an ``n_prompt``-token prompt (one token must stay to prefill)."""
         return (n_prompt - 1) // self.block_size * self.block_size
 
-    def _find(self, ids: Sequence[int], hashes: Sequence[bytes], end: int) -> Snapshot | None:
-        """The stored node for ``ids[:end]``, if any, verified token by token."""
+    def _find(
+        self, ids: Sequence[int], hashes: Sequence[bytes], end: int, marks: Sequence[tuple[int, bytes]] = ()
+    ) -> Snapshot | None:
+        """The stored node for ``ids[:end]`` (with images ``marks``), if any, verified token by token."""
         j = end // self.block_size
         if end % self.block_size or j < 1 or j > len(hashes):
             return None
@@ -109,18 +123,22 @@ class PrefixCache:
         if node is None or node.end != end:
             return None
         for n in node.chain():
-            if tuple(ids[n.start : n.end]) != n.tokens:
+            if tuple(ids[n.start : n.end]) != n.tokens or self._marks_in(marks, n.start, n.end) != n.marks:
                 return None  # a hash collision: never hand one prompt another's state
         return node
 
     # ------------------------------------------------------------------ reuse and store
     def lookup(
-        self, ids: Sequence[int], hashes: Sequence[bytes], longer_than: int = 0
+        self,
+        ids: Sequence[int],
+        hashes: Sequence[bytes],
+        longer_than: int = 0,
+        marks: Sequence[tuple[int, bytes]] = (),
     ) -> tuple[int, Cache | None]:
         """The longest stored prefix of ``ids`` (at most ``last_boundary``, more than ``longer_than``
         tokens): ``(length, a fresh cache)``, or ``(0, None)``."""
         for end in range(self.last_boundary(len(ids)), longer_than, -self.block_size):
-            node = self._find(ids, hashes, end)
+            node = self._find(ids, hashes, end, marks)
             if node is not None:
                 chain = node.chain()
                 for n in chain:
@@ -128,19 +146,25 @@ class PrefixCache:
                 return end, Cache.from_segments([n.segments for n in chain], end, self.device)
         return 0, None
 
-    def store(self, ids: Sequence[int], hashes: Sequence[bytes], cache: Cache) -> bool:
+    def store(
+        self,
+        ids: Sequence[int],
+        hashes: Sequence[bytes],
+        cache: Cache,
+        marks: Sequence[tuple[int, bytes]] = (),
+    ) -> bool:
         """Snapshot the one-row ``cache`` (which has seen ``ids[:n]``) if ``n`` is a reusable boundary."""
         end = int(cache.seq_lens[0])
         if end % self.block_size or not 0 < end <= self.last_boundary(len(ids)):
             return False
         key = hashes[end // self.block_size - 1]
         if key in self.nodes:
-            if self._find(ids, hashes, end) is not None:
+            if self._find(ids, hashes, end, marks) is not None:
                 self.nodes.move_to_end(key)
             return False  # stored already (or a colliding prefix owns the key: keep it)
         parent = None
         for e in range(end - self.block_size, 0, -self.block_size):
-            parent = self._find(ids, hashes, e)
+            parent = self._find(ids, hashes, e, marks)
             if parent is not None:
                 break
         start = parent.end if parent is not None else 0
@@ -149,7 +173,10 @@ class PrefixCache:
         nbytes = sum(s.nbytes(n) for s in segments)
         if not self.make_room(nbytes, keep=parent):
             return False
-        node = Snapshot(key, start, end, tuple(ids[start:end]), segments, nbytes, parent)
+        tokens = tuple(ids[start:end])
+        node = Snapshot(
+            key, start, end, tokens, segments, nbytes, parent, marks=self._marks_in(marks, start, end)
+        )
         if parent is not None:
             parent.children += 1
         self.nodes[key] = node
@@ -186,7 +213,7 @@ class PrefixCache:
     # ------------------------------------------------------------------ scheduling
     def reuse(self, r: Request) -> None:
         """Start ``r`` from the longest stored prefix of its prompt, if longer than what it has."""
-        n, cache = self.lookup(r.prompt_ids, r.block_hashes, longer_than=r.n_fed)
+        n, cache = self.lookup(r.prompt_ids, r.block_hashes, longer_than=r.n_fed, marks=r.image_marks)
         if cache is not None:
             r.cache, r.n_fed, r.reused = cache, n, n
 

@@ -11,6 +11,7 @@ import queue
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from longmoe.cache import Cache
 from longmoe.serve.budget import CacheBudget, CacheBudgetError
@@ -18,6 +19,9 @@ from longmoe.serve.detok import IncrementalDetokenizer
 from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice
 from longmoe.serve.session import Session
 from longmoe.serve.stops import find_stop, safe_end
+
+if TYPE_CHECKING:
+    from longmoe.serve.prompt_images import Mark, PromptImages
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
@@ -69,6 +73,7 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)  # prefix reuse: chained hash per block
     reused: int = 0  # prompt tokens restored from a prefix snapshot or a session's kept row
     session: Session | None = None  # keeps its cache row when the request finishes
+    images: PromptImages | None = None  # the prompt's images (serve/prompt_images.py)
     prefix_stops: set[int] = field(default_factory=set)  # prompt lengths others wait to reuse
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
@@ -79,6 +84,11 @@ class Request:
     finish: str | None = None
     cancelled: bool = False
     submitted_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def image_marks(self) -> tuple[Mark, ...]:
+        """What prefix keys add for the prompt's images: ``(first patch position, pixel digest)``."""
+        return self.images.marks if self.images is not None else ()
 
     def record(self, choice: TokenChoice, max_context: int) -> tuple[str | None, str]:
         """Append a chosen token; returns the finish reason (None: go on) and the text delta to send.

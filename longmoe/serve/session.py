@@ -53,6 +53,7 @@ class Session:
 
     id: int = field(default_factory=lambda: next(_IDS))
     tokens: list[int] = field(default_factory=list)  # the whole context so far
+    images: list = field(default_factory=list)  # Patches of the images in ``tokens``, in order
     cache: Cache | None = None  # kept row (engine thread only), has seen tokens[:cached]
     cached: int = 0
     active: bool = False  # a request of this session is queued or running

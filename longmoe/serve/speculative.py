@@ -79,9 +79,15 @@ class Speculator:
                 f"draft model: vocab_size {draft.cfg.vocab_size} differs from the target's "
                 f"{target.cfg.vocab_size}; a draft must share the target's tokenizer"
             )
+        if draft.cfg.vision is not None and draft.cfg.d_model != target.cfg.d_model:
+            raise ValueError(
+                f"draft model: has a vision encoder but d_model {draft.cfg.d_model} differs from the "
+                f"target's {target.cfg.d_model}; it would read the target's image embeddings"
+            )
         self.target, self.draft, self.k = target, draft.eval(), k
         self.n_target = target.cfg.n_layers
         self.stats = SpecStats()
+        self.banned: torch.Tensor | None = None  # token ids neither model may propose (image tokens)
 
     def new_cache(self, batch_size: int, device: torch.device) -> Cache:
         """An empty cache holding the target's layers, then the draft's."""
@@ -91,10 +97,21 @@ class Speculator:
     def _draft_view(self, cache: Cache) -> Cache:
         return Cache(cache.layers[self.n_target :], cache.seq_lens)
 
-    def forward(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
-        """Both models consume ``x [B, T]``; returns the target's logits ``[B, T, V]``."""
-        self.draft(x, cache=self._draft_view(cache))
-        return self.target(x, cache=cache).logits
+    def forward(
+        self, x: torch.Tensor, cache: Cache, image_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Both models consume ``x [B, T]``; returns the target's logits ``[B, T, V]``.
+
+        ``image_embeds`` (a prompt chunk with images, encoded by the target): a text-only draft reads
+        the ``<|image_patch|>`` tokens as plain tokens (its own embedding of them), a draft with a
+        vision encoder (``truncated_draft`` of a vision model) reads the target's embeddings. Either
+        way only the acceptance rate can suffer: the target verifies every token."""
+        draft_embeds = image_embeds if self.draft.cfg.vision is not None else None
+        self.draft(x, cache=self._draft_view(cache), image_embeds=draft_embeds)
+        return self.target(x, cache=cache, image_embeds=image_embeds).logits
+
+    def _ban(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if self.banned is None else logits.index_fill(-1, self.banned, -torch.inf)
 
     def report(self) -> dict[str, float]:
         s = self.stats
@@ -121,12 +138,14 @@ class Speculator:
         drafted: list[list[int]] = []
         x = last
         for j in range(k + 1):
-            logits = self.draft(x, cache=view).logits[:, 0].float()  # [B, V]
+            logits = self._ban(self.draft(x, cache=view).logits[:, 0].float())  # [B, V]
             if j < k:
                 drafted.append(self._propose(reqs, logits, qs))
                 x = torch.tensor(drafted[-1], dtype=torch.long, device=dev)[:, None]
         D = torch.tensor(drafted, dtype=torch.long, device=dev).T  # [B, k]
-        target_logits = self.target(torch.cat([last, D], dim=1), cache=cache).logits.float()  # [B, k+1, V]
+        target_logits = self._ban(
+            self.target(torch.cat([last, D], dim=1), cache=cache).logits.float()
+        )  # [B, k+1, V]
         argmax = target_logits.argmax(-1).tolist()  # [B][k+1]
         kept = []
         for b, r in enumerate(reqs):

@@ -166,3 +166,38 @@ def test_with_tools_is_idempotent() -> None:
     once = with_tools(MESSAGES, TOOLS)
     assert with_tools(once, TOOLS) == once
     assert render_messages(once, tools=TOOLS) == render_messages(once)
+
+
+def test_image_parts_become_their_spans_in_order() -> None:
+    """Each image part is replaced by its image's span (<|image|> + rows*cols patches + <|/image|>) where
+    the part stands; text around it is unchanged; counts that do not match are errors."""
+    import torch
+
+    from longmoe.layers.vision import Patches
+
+    tok = tokenizer_for_tests()
+    a, b = Patches(torch.zeros(6, 48), 2, 3), Patches(torch.zeros(1, 48), 1, 1)
+    img = {"type": "image_url", "image_url": {"url": "data:,"}}
+    msgs = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "left "}, img, {"type": "text", "text": " mid"}],
+        },
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [img]},
+    ]
+    ct = encode_chat(tok, msgs, images=[a, b])
+    plain = encode_chat(tok, msgs).ids  # without images: the two-token IMAGE_SPAN placeholders
+    s, p, e = tok.image_start_id, tok.image_patch_id, tok.image_end_id
+    i = plain.index(s)
+    assert ct.ids[: i + 8] == plain[:i] + [s] + [p] * 6 + [e]
+    j = len(plain) - 1 - plain[::-1].index(s)
+    assert ct.ids[j + 6 :] == [s, p, e] + plain[j + 2 :]  # the first span grew by 6 patches
+    assert len(ct.ids) == len(plain) + 7 and len(ct.assistant_mask) == len(ct.ids)
+    with pytest.raises(ValueError, match="different number of image parts"):
+        encode_chat(tok, msgs, images=[a])
+    with pytest.raises(ValueError, match="different number of image parts"):
+        encode_chat(tok, msgs, images=[a, b, b])
+    spelled = [{"role": "user", "content": [{"type": "text", "text": "<|image|><|/image|>"}, img]}]
+    with pytest.raises(ValueError, match="different number of image parts"):
+        encode_chat(tok, spelled, images=[a])

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from fastapi import FastAPI
 
-from longmoe.config import preset
+from longmoe.config import VisionConfig, preset
 from longmoe.model import LongMoE
 from longmoe.serve.api import create_app, serve_in_thread
 from longmoe.serve.engine import Engine
@@ -29,6 +29,14 @@ def tiny_model(seed: int = 0, **kw) -> LongMoE:
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     return m.eval()
+
+
+VISION = VisionConfig(patch_size=4, max_image_side=32, encoder="vit", width=32, depth=1, heads=2)
+
+
+def tiny_vision_model(seed: int = 0, **kw) -> LongMoE:
+    """``tiny_model`` with a small ViT image encoder (4-pixel patches, images scaled to <= 32 px)."""
+    return tiny_model(seed, vision=VISION, **kw)
 
 
 @contextlib.contextmanager

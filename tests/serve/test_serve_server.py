@@ -207,5 +207,6 @@ def test_info_route_behind_key(server):
     assert s["model"] == "tiny" and s["max_context"] == engine.max_context
     assert s["parameters"] == sum(p.numel() for p in engine.model.parameters())
     assert s["layers"] == engine.model.cfg.n_layers and s["cache_budget_bytes"] == engine.budget.budget
+    assert s["vision"] is None  # a text-only model: the page disables its image button
     for k in ("running", "waiting", "cache_bytes_in_use", "cache_bytes_reserved", "tokens_per_second"):
         assert isinstance(s[k], int | float)

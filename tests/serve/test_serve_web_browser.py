@@ -1,10 +1,12 @@
 """The web chat page in a real browser (Playwright driving Debian's chromium, never a downloaded one):
 type a message and watch it stream, stop it (the engine records the cancellation), send a second
 turn, see an error rendered; the input stays in view, the log follows the text, code blocks render
-as text. ``LONGMOE_SCREENSHOT=path.png`` also saves a screenshot of the page at the end."""
+as text; with a tiny vision model, attach images, remove one, send and see the request succeed.
+``LONGMOE_SCREENSHOT=path.png`` also saves a screenshot of the page at the end."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from longmoe.data.images import decode_image, patchify
 from longmoe.serve.api import create_app, serve_in_thread
 from longmoe.serve.engine import Engine
 
@@ -109,6 +112,7 @@ def test_chat_session(server, page):
     page.dispatch_event("#key", "change")
     until(page, "() => document.getElementById('info').textContent.includes('parameters')")
     assert "cache" in page.inner_text("#info") and "context 1024" in page.inner_text("#info")
+    assert page.is_disabled("#attach")  # a text-only model: no image button
 
     # 1. type a message, see it stream with send disabled and stop enabled
     page.fill("#maxtok", "900")
@@ -169,3 +173,75 @@ def test_chat_session(server, page):
 
     if shot := os.environ.get("LONGMOE_SCREENSHOT"):
         page.screenshot(path=shot)
+
+
+@pytest.fixture(scope="module")
+def vision_server(vision_dir):
+    engine = Engine.from_dir(vision_dir, prefill_chunk=16, max_image_bytes=20_000)
+    app = create_app(engine, model_name="tiny-vision")
+    srv, th, port = serve_in_thread(app)
+    yield engine, f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    th.join(timeout=10)
+    engine.close()
+
+
+THUMB_LOADED = (
+    "(sel) => { const i = document.querySelector(sel); return !!i && i.complete && i.naturalWidth > 0; }"
+)
+
+
+def test_attach_an_image(vision_server, page, tmp_path):
+    """Pick two files, remove one before sending, send: the request (an image content part with a
+    data URI) succeeds, the transcript shows the thumbnail, the CSP lets data: images load."""
+    from PIL import Image
+
+    engine, url = vision_server
+    red, blue = tmp_path / "red.png", tmp_path / "blue.png"
+    Image.new("RGB", (24, 16), (220, 20, 20)).save(red)
+    Image.new("RGB", (16, 16), (20, 20, 220)).save(blue)
+    page.goto(url)
+    until(page, "() => document.getElementById('info').textContent.includes('parameters')")
+    assert page.is_enabled("#attach")
+    page.fill("#maxtok", "6")
+    page.set_input_files("#file", [str(red), str(blue)])
+    page.wait_for_selector("#attached img >> nth=1")
+    assert page.evaluate(THUMB_LOADED, "#attached img")  # a data: thumbnail is allowed by the CSP
+    page.click("#attached button[title='remove blue.png']")
+    assert page.locator("#attached img").count() == 1
+    assert page.get_attribute("#attached img", "alt") == "red.png"
+    noise = tmp_path / "noise.png"  # ~49 KB of random pixels: over the server's 20 000-byte limit
+    Image.frombytes("RGB", (128, 128), os.urandom(128 * 128 * 3)).save(noise)
+    page.set_input_files("#file", str(noise))
+    page.wait_for_selector(".err")
+    assert "noise.png" in page.inner_text(".err") and "19.5 KiB" in page.inner_text(".err")
+    assert page.locator("#attached img").count() == 1  # not attached
+
+    before = engine.stats()["prompt_tokens"]
+    with page.expect_response("**/v1/chat/completions") as resp:
+        page.fill("#msg", "what colour?")
+        page.press("#msg", "Enter")
+    assert resp.value.status == 200
+    until(page, "() => !document.getElementById('send').disabled")
+    user = page.locator(".user").last
+    assert user.locator("img").count() == 1 and "what colour?" in user.text_content()
+    assert page.evaluate(THUMB_LOADED, ".user img")
+    assert page.locator("#attached img").count() == 0  # sent: the attachment row is empty
+    assert page.locator(".err").count() == 1  # only the refused file's note
+    body = json.loads(resp.value.request.post_data)
+    parts = body["messages"][-1]["content"]
+    assert [p["type"] for p in parts] == ["image_url", "text"]
+    assert parts[0]["image_url"]["url"].startswith("data:image/png;base64,")
+    # exactly the red image (6x4 patches) went into the prompt
+    patches = [patchify(decode_image(red.read_bytes()), engine.model.cfg.vision)]
+    assert engine.stats()["prompt_tokens"] - before == len(
+        engine.encode_chat(body["messages"], images=patches)
+    )
+
+    # a second turn without an image keeps the first image in the history
+    page.fill("#msg", "and now?")
+    page.press("#msg", "Enter")
+    until(page, "() => document.querySelectorAll('.assistant').length === 2")
+    until(page, "() => !document.getElementById('send').disabled")
+    assert page.locator(".err").count() == 1  # only the refused file's note
+    assert not page.errors, page.errors

@@ -3,6 +3,9 @@
 Function calling (``tools``, ``tool_choice``, ``tool_calls`` in the message and in stream deltas)
 is ``serve/api/tools.py``.
 
+Image content parts (data URIs, ``serve/images.py``) are checked and decoded in a worker thread and
+become their token spans; any refusal is a 400 naming the part (``messages.1.content.0.image_url``).
+
 Without ``max_completion_tokens`` / ``max_tokens`` a reply may take ``DEFAULT_CHAT_MAX_TOKENS`` or
 what the context has left; 0 is a 400 (as OpenAI), never "unset"."""
 
@@ -21,6 +24,7 @@ from longmoe.serve.api.intake import read_request
 from longmoe.serve.api.protocol import ChatRequest
 from longmoe.serve.api.state import server_state
 from longmoe.serve.api.tools import ToolStream, assistant_message, tool_plan
+from longmoe.serve.images import ImageInputError, chat_patches
 from longmoe.serve.request import Completion, EngineError
 
 DEFAULT_CHAT_MAX_TOKENS = 512
@@ -33,15 +37,22 @@ async def create_chat_completion(request: Request) -> Response:
     limit_field, max_tokens = req.token_limit()
     plan = await tool_plan(request, req)
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
-    try:  # tokenising is CPU work: off the loop
-        ids = await asyncio.to_thread(engine.encode_chat, messages, plan.tools or None)
+    try:  # decoding images and tokenising are CPU work: off the loop
+        images = await asyncio.to_thread(
+            chat_patches, messages, engine.cfg.image_limits, engine.model.cfg.vision
+        )
+        ids = await asyncio.to_thread(engine.encode_chat, messages, plan.tools or None, images)
+    except ImageInputError as e:
+        raise APIError(400, str(e), e.param, "invalid_image") from None
     except EngineError as e:
         raise APIError(400, str(e), e.param) from None
     if max_tokens is None:
         max_tokens = max(1, min(DEFAULT_CHAT_MAX_TOKENS, engine.max_context - len(ids)))
     fmt = plan.constraint or await constraint(request, req)
     params = sampling_params(req, max_tokens, req.logprobs, req.top_logprobs or 0, fmt)
-    h, q = await submit(request, ids, params, rename={"max_tokens": limit_field})
+    h, q = await submit(
+        request, ids, params, rename={"max_tokens": limit_field, "images": "messages"}, images=images
+    )
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion.chunk",

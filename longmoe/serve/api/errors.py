@@ -68,6 +68,7 @@ _TYPE_TAGS = {
     "none",
     "StreamOptions",
     "ContentPart",
+    "ImageURL",
     "NamedToolChoice",
 }
 
@@ -78,9 +79,11 @@ def _field_path(loc: tuple[int | str, ...]) -> list[int | str]:
 
 
 def validation_error(e: ValidationError) -> APIError:
-    """The first failing field of a pydantic error as one readable sentence."""
+    """The failing field of a pydantic error (the deepest, ties: the first) as one readable sentence."""
     errs = e.errors(include_url=False)
-    first = errs[0]
+    # the most specific failure: for a union (``content``: a string or parts) the branch that got
+    # deepest names the field at fault (``messages.0.content.1.image_url.url``), not the union itself
+    first = max(errs, key=lambda x: len(_field_path(x["loc"])))
     loc = _field_path(first["loc"])
     param = echo(".".join(str(x) for x in loc)) or None
     if first["type"] == "extra_forbidden":

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from longmoe.layers.vision import Patches
 from longmoe.serve.api.errors import APIError
 from longmoe.serve.api.protocol import GenerationRequest
 from longmoe.serve.api.state import server_state
@@ -78,11 +79,15 @@ def client_id(request: Request) -> str:
 
 
 async def submit(
-    request: Request, prompt: str | list[int], params: SamplingParams, rename: dict[str, str] | None = None
+    request: Request,
+    prompt: str | list[int],
+    params: SamplingParams,
+    rename: dict[str, str] | None = None,
+    images: Sequence[Patches] = (),
 ) -> tuple[RequestHandle, asyncio.Queue[Event]]:
     """Submit to the engine from a worker thread (tokenising a long prompt is CPU work) and return
     the handle and the queue its events arrive on. ``rename`` maps engine field names to the ones
-    the client sent (``max_tokens`` -> ``max_completion_tokens``)."""
+    the client sent (``max_tokens`` -> ``max_completion_tokens``); ``images``: the prompt's images."""
     st = server_state(request)
     loop = asyncio.get_running_loop()
     q: asyncio.Queue[Event] = asyncio.Queue()
@@ -96,7 +101,7 @@ async def submit(
             loop.call_soon_threadsafe(q.put_nowait, ev)
 
     try:
-        h = await asyncio.to_thread(st.engine.submit, prompt, params, sink)
+        h = await asyncio.to_thread(st.engine.submit, prompt, params, sink, None, images)
     except EngineError as e:
         st.limiter.release(who)
         param = (rename or {}).get(e.param, e.param)

@@ -125,10 +125,18 @@ class DetokenizeRequest(_Strict):
     model: str | None = None
 
 
+class ImageURL(_Strict):
+    """``image_url`` of a content part: a ``data:`` URI (``serve/images.py`` checks it); ``detail`` is
+    accepted for compatibility and ignored (every image is scaled to the model's ``max_image_side``)."""
+
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class ContentPart(_Strict):
     type: Literal["text", "image_url"]
     text: str | None = None
-    image_url: dict[str, Any] | None = None
+    image_url: ImageURL | str | None = None  # a plain string is accepted as the URL
 
 
 class ChatMessage(_Strict):

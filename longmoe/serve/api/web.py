@@ -3,7 +3,8 @@ model and the engine's memory; behind the API key when one is set).
 
 The page is a template filled per request: the model name html-escaped into the HTML and
 json-encoded (with ``<``, ``>``, ``&`` escaped) into the script, so no name can end the ``<script>``
-element; a Content-Security-Policy lets only the page's own script (a fresh nonce) run."""
+element; a Content-Security-Policy lets only the page's own script (a fresh nonce) run; images only from
+``data:`` URIs (the thumbnails of attached images, which the page reads as data URIs to send)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ async def index(request: Request) -> Response:
     st = server_state(request)
     nonce = secrets.token_urlsafe(16)
     csp = (
-        f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
+        f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; img-src data:; "
         "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     )
     headers = {"Content-Security-Policy": csp, "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY"}
@@ -72,6 +73,15 @@ async def info(request: Request) -> Response:
         "device": str(e.device),
         "max_batch": e.cfg.max_batch,
         "cache_budget_bytes": s["cache_budget_bytes"],
+        # what the page's image button needs: null for a text-only model
+        "vision": None
+        if mc.vision is None
+        else {
+            "patch_size": mc.vision.patch_size,
+            "max_image_side": mc.vision.max_image_side,
+            "max_images": e.cfg.max_images,
+            "max_image_bytes": e.cfg.max_image_bytes,
+        },
         **{k: s[k] for k in keys},
     }
     return JSONResponse(body)
