@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,3 +52,15 @@ def served(model_dir: Path, **engine_opts) -> Iterator[tuple[Engine, FastAPI, st
         srv.should_exit = True
         th.join(timeout=10)
         engine.close()
+
+
+def wait_idle(engine: Engine, timeout: float = 10.0) -> dict:
+    """The engine's stats once no request is running or waiting (a response can reach the client a
+    moment before the engine loop retires its request), or as they stand at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = engine.stats()
+        if s["running"] == 0 and s["waiting"] == 0:
+            return s
+        time.sleep(0.01)
+    return engine.stats()

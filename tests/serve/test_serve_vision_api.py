@@ -10,7 +10,7 @@ import base64
 import httpx
 import openai
 import pytest
-from serveutil import served
+from serveutil import served, wait_idle
 from test_serve_images import encoded, png_bomb, uri
 
 from longmoe.data.images import decode_image, patchify
@@ -103,7 +103,7 @@ def test_hostile_images_are_400s_naming_the_part(server, name):
     err = r.json()["error"]
     assert err["param"].startswith(param) and what in err["message"], err
     assert post(url, ask(uri(IMG))).status_code == 200  # still serving
-    assert engine.stats()["running"] == 0
+    assert wait_idle(engine)["running"] == 0
 
 
 def test_too_many_images_and_images_outside_user_messages(server):
