@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="step budget per run (overrides the config)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (default 1)")
     p.add_argument("--report-only", action="store_true", help="no training: report the runs stored so far")
-    p.add_argument("--quick", action="store_true", help="a smoke run: 2 patterns, 1 lr, 30 steps")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 2 patterns, 1 lr, 1 seed, 30 steps")
     return p.parse_args(argv)
 
 
@@ -45,8 +45,8 @@ def _ints(s: str) -> list[int]:
 def load_config(args: argparse.Namespace) -> SweepConfig:
     d = SweepConfig.load(args.config).to_dict()
     if args.quick:
-        d.update(patterns=["LM", "M"], pairs=[2], lrs=[3e-3], positions=["none"], steps=30, eval_every=10,
-                 eval_n=16, eval_multiples=[1, 4], batch_size=8, train_len=32, vocab_size=64,
+        d.update(patterns=["LM", "M"], pairs=[2], lrs=[3e-3], positions=["none"], seeds=[0], steps=30,
+                 eval_every=10, eval_n=16, eval_multiples=[1, 4], batch_size=8, train_len=32, vocab_size=64,
                  sanity={"pattern": "LM", "d_model": 32, "n_pairs": 2, "position": "none", "lr": 3e-3,
                          "seed": 0},
                  d_models=[32])  # fmt: skip
