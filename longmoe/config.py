@@ -30,6 +30,11 @@ GLU_KINDS = ("swiglu", "geglu")
 BALANCERS = ("quantile", "sign", "aux", "none")
 DECAY_GATES = ("bounded", "softplus", "kimi")
 DTYPES = ("float32", "bfloat16")
+VISION_ENCODERS = ("linear", "vit")
+# id of ``<|image_patch|>`` in every longmoe tokenizer (its special tokens have fixed ids 0..11; see
+# data/tokenizer.py, whose tests check this): the model finds the positions it writes image
+# embeddings into by this id, without importing the data layer
+IMAGE_PATCH_TOKEN_ID = 11
 
 
 class ConfigError(UserError, ValueError):
@@ -251,6 +256,64 @@ class FFNConfig:
 
 
 @dataclass
+class VisionConfig:
+    """Native image input: an image becomes ``rows × cols`` patches of ``patch_size²`` pixels whose
+    embeddings take the places of ``<|image_patch|>`` tokens in the token stream (docs/model.md,
+    "Vision input").
+
+    The longer image side is scaled down to at most ``max_image_side`` pixels (aspect kept), then
+    both sides are rounded to a multiple of ``patch_size`` (at least one patch), so an image costs at
+    most ``(max_image_side / patch_size)²`` patch tokens plus its two markers. ``encoder``: "linear"
+    (one projection of a patch's pixels to ``d_model``) or "vit" (a bidirectional pre-norm
+    transformer of ``depth`` layers, ``width`` wide with ``heads`` heads, over the patches of one
+    image, then a projection to ``d_model``); ``width``/``depth``/``heads`` are used by "vit" only.
+    """
+
+    patch_size: int = 8
+    max_image_side: int = 256
+    encoder: str = "linear"
+    width: int = 256
+    depth: int = 2
+    heads: int = 4
+    mlp_ratio: int = 4  # ViT MLP hidden = mlp_ratio * width
+
+    def validate(self) -> None:
+        check_types(self, "vision.")
+        for n in ("patch_size", "max_image_side", "width", "depth", "heads", "mlp_ratio"):
+            v = getattr(self, n)
+            _check(is_positive_int(v), f"vision.{n}", v, "a positive integer")
+        _check(self.encoder in VISION_ENCODERS, "vision.encoder", self.encoder, f"one of {VISION_ENCODERS}")
+        _check(self.max_image_side % self.patch_size == 0, "vision.max_image_side", self.max_image_side,
+               f"a multiple of patch_size={self.patch_size}")
+        _check(self.width % self.heads == 0, "vision.width", self.width,
+               f"a multiple of heads={self.heads}")
+
+    @property
+    def max_grid(self) -> int:
+        """Most patches along one side of an image (rows or cols)."""
+        return self.max_image_side // self.patch_size
+
+    @property
+    def patch_dim(self) -> int:
+        """Numbers per patch: 3 colour channels × patch_size²."""
+        return 3 * self.patch_size * self.patch_size
+
+    def resized_size(self, height: int, width: int) -> tuple[int, int]:
+        """``(height, width)`` of an image after the resize rule: the longer side scaled down to at most
+        ``max_image_side`` (never enlarged), each side rounded to the nearest multiple of ``patch_size``
+        (at least one patch)."""
+        if not (is_positive_int(height) and is_positive_int(width)):
+            raise ValueError(f"image size {height!r}×{width!r} is invalid: expected positive integer sides")
+        p, scale = self.patch_size, min(1.0, self.max_image_side / max(height, width))
+        return max(p, round(height * scale / p) * p), max(p, round(width * scale / p) * p)
+
+    def image_tokens(self, height: int, width: int) -> int:
+        """Tokens an image of ``height × width`` pixels takes in the stream, its two markers included."""
+        h, w = self.resized_size(height, width)
+        return (h // self.patch_size) * (w // self.patch_size) + 2
+
+
+@dataclass
 class ModelConfig(JsonConfig):
     """The hybrid stack: KDA ("L") and gated MLA ("M") layers per ``layer_pattern``, no positions."""
 
@@ -287,10 +350,13 @@ class ModelConfig(JsonConfig):
     init_std: float = 0.02
     dtype: str = "float32"
     ffn: FFNConfig = field(default_factory=FFNConfig)
+    vision: VisionConfig | None = None  # None: a text-only model
 
     def __post_init__(self) -> None:
         if isinstance(self.ffn, dict):
             self.ffn = dataclass_from_dict(FFNConfig, self.ffn, prefix="ffn.")
+        if isinstance(self.vision, dict):
+            self.vision = dataclass_from_dict(VisionConfig, self.vision, prefix="vision.")
         self.validate()
 
     # ------------------------------------------------------------------ validation
@@ -325,6 +391,8 @@ class ModelConfig(JsonConfig):
         _check(self.init_std > 0, "init_std", self.init_std, "a float > 0")
         _check(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
         self.ffn.validate(self.d_model)
+        if self.vision is not None:
+            self.vision.validate()
         if self.ffn.kind == "moe":
             _check(self.ffn.first_k_dense <= self.n_layers, "ffn.first_k_dense", self.ffn.first_k_dense,
                    f"an integer in [0, n_layers={self.n_layers}]")
@@ -368,11 +436,20 @@ def _small() -> ModelConfig:
     )
 
 
+# The flagship's vision encoder. Assumed numbers (the seeds name a natively multimodal model, not its
+# encoder): 14-pixel patches, images up to 896 px a side (64 × 64 = 4096 patches), a ViT 1024 wide
+# and 24 deep with 16 heads (~0.4B parameters, the size of common open ViT-L/so400m encoders).
+FLAGSHIP_VISION = VisionConfig(
+    patch_size=14, max_image_side=896, encoder="vit", width=1024, depth=24, heads=16
+)
+
+
 def _flagship() -> ModelConfig:
     """The seeds' scale (accounting only, never instantiated): 896 routed experts, 1M context.
 
     ``longmoe inspect --preset flagship``: ~2.83T total, ~104B active per token (24 of 896 latent
-    experts at α = 2, one shared expert), untied embeddings.
+    experts at α = 2, one shared expert), untied embeddings; plus a 0.4B ViT for images
+    (``FLAGSHIP_VISION``).
     """
     return ModelConfig(
         vocab_size=163840, d_model=7168, n_layers=64, layer_pattern="LLLM", max_seq_len=1 << 20,
@@ -381,6 +458,7 @@ def _flagship() -> ModelConfig:
         attn_res_blocks=8, dtype="bfloat16", tie_embeddings=False,
         ffn=FFNConfig(kind="moe", dense_hidden=18432, n_experts=896, top_k=24, n_shared=1, latent_ratio=2,
                       expert_hidden=4608, shared_hidden=4096, first_k_dense=1),
+        vision=FLAGSHIP_VISION,
     )
 
 
@@ -390,7 +468,20 @@ def _tiny_dense() -> ModelConfig:
     return cfg.replace(ffn=FFNConfig(kind="dense", dense_hidden=cfg.ffn.dense_hidden))
 
 
-PRESETS = {"tiny": _tiny, "tiny-dense": _tiny_dense, "small": _small, "flagship": _flagship}
+def _tiny_vision() -> ModelConfig:
+    """``tiny`` that also reads images: 8-pixel patches up to 256 px a side, a 2-layer ViT 128 wide."""
+    return _tiny().replace(
+        vision=VisionConfig(patch_size=8, max_image_side=256, encoder="vit", width=128, depth=2, heads=4)
+    )
+
+
+PRESETS = {
+    "tiny": _tiny,
+    "tiny-dense": _tiny_dense,
+    "tiny-vision": _tiny_vision,
+    "small": _small,
+    "flagship": _flagship,
+}
 
 
 def preset(name: str) -> ModelConfig:

@@ -20,6 +20,7 @@ from longmoe.layers.kda import KDALayer
 from longmoe.layers.mla import MLALayer
 from longmoe.layers.mlp import GLUMLP
 from longmoe.layers.moe import MoELayer
+from longmoe.layers.vision import VisionEncoder
 from longmoe.ops.quant import MODES as QUANT_MODES
 from longmoe.quantize import quantized_footprint
 
@@ -40,7 +41,10 @@ PARTS = (
     "latent_proj",
     "norms",
     "attn_res",
+    "vision",
 )
+# Image sizes (height, width) whose token cost ``inspect`` reports besides the largest image.
+IMAGE_SIZES = {"640x480 photo": (480, 640), "1700x2200 page": (2200, 1700), "256x256 icon": (256, 256)}
 
 
 def _moe_counts(cfg: ModelConfig, active: bool) -> dict[str, int]:
@@ -63,7 +67,37 @@ def param_counts(cfg: ModelConfig, active: bool = False) -> dict[str, int]:
     c["norms"] = (2 * cfg.n_layers + 1) * d  # two pre-norms per layer + final (mixer-internal: in kda/mla)
     if cfg.attn_res:
         c["attn_res"] = BlockAttnRes.param_count(2 * cfg.n_layers + 1, d)
+    if cfg.vision is not None:  # every encoder parameter works on every image patch: active too
+        c["vision"] = VisionEncoder.param_count(cfg.vision, d)
     return c
+
+
+def vision_accounting(cfg: ModelConfig) -> dict[str, Any] | None:
+    """Tokens per image (patches + the two markers) at the largest size and a few common ones, and the
+    encoder's forward FLOPs per patch (2 per multiply-add; ViT attention over the largest image)."""
+    v = cfg.vision
+    if v is None:
+        return None
+    g = v.max_grid
+    sizes = {f"max ({v.max_image_side}x{v.max_image_side})": (v.max_image_side, v.max_image_side)}
+    sizes.update(IMAGE_SIZES)
+    tokens = {}
+    for name, (h, w) in sizes.items():
+        rh, rw = v.resized_size(h, w)
+        tokens[name] = {"resized": f"{rw}x{rh}", "tokens": v.image_tokens(h, w)}
+    width = cfg.d_model if v.encoder == "linear" else v.width
+    tables = 2 * g * width  # row/column position tables: lookups, no FLOPs
+    flops = 2 * (VisionEncoder.param_count(v, cfg.d_model) - tables)  # every other weight: one multiply-add
+    if v.encoder == "vit":
+        flops += v.depth * 4 * g * g * v.width  # QKᵀ and AV against every patch of the largest image
+    return {
+        "encoder": v.encoder,
+        "patch_size": v.patch_size,
+        "max_image_side": v.max_image_side,
+        "max_patches": g * g,
+        "image_tokens": tokens,
+        "encoder_flops_per_patch": flops,
+    }
 
 
 def cache_accounting(cfg: ModelConfig) -> dict[str, Any]:
@@ -122,6 +156,7 @@ def report(cfg: ModelConfig) -> dict[str, Any]:
         "max_seq_len": cfg.max_seq_len,
         "cache": cache_accounting(cfg),
         "training_bytes": training_memory(cfg),
+        "vision": vision_accounting(cfg),
     }
 
 
@@ -176,6 +211,18 @@ def format_report(r: dict[str, Any], name: str) -> str:
         lines.append(
             f"  {n:<9}{_bytes(v['hybrid_bytes']):>16}{_bytes(v['full_mha_bytes']):>16}{v['ratio']:>13.1f}x"
         )
+    vis = r.get("vision")
+    if vis:
+        lines += [
+            "",
+            f"  vision: {vis['encoder']} encoder, {_h(r['params']['vision'])} parameters, "
+            f"{vis['patch_size']}-px patches, images up to {vis['max_image_side']} px a side "
+            f"(≤ {vis['max_patches']:,} patches), "
+            f"~{_h(vis['encoder_flops_per_patch'])} FLOPs/patch to encode",
+            f"  {'image':<22}{'resized':>12}{'tokens':>10}",
+        ]
+        for name, t in vis["image_tokens"].items():
+            lines.append(f"  {name:<22}{t['resized']:>12}{t['tokens']:>10,}")
     return "\n".join(lines)
 
 

@@ -7,13 +7,17 @@ Init (see docs/model.md): every projection ``N(0, init_std)``; the projections t
 residual stream (``o_proj`` of both mixers, ``w_out`` of dense MLPs) ``N(0, init_std / sqrt(2·n_layers))``;
 embeddings ``N(0, init_std)``; norms 1; AttnRes pseudo-queries 0 (uniform mixing); KDA decay-gate
 bias so that per-token log-decays start log-uniform in [-0.1, -0.001]; MoE layers initialise
-themselves.
+themselves; the vision encoder (``cfg.vision``) initialises itself the same way, after the text weights.
+
+Images (``layers/vision.py``): ``encode_images`` gives one embedding per patch; ``forward(image_embeds=)``
+writes them over the ``<|image_patch|>`` token embeddings, and the shared stack reads them as tokens.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from longmoe.cache import Cache, Packing
-from longmoe.config import IGNORE_INDEX, ConfigError, ModelConfig
+from longmoe.config import IGNORE_INDEX, IMAGE_PATCH_TOKEN_ID, ConfigError, ModelConfig
 from longmoe.layers.attnres import BlockAttnRes, block_of_layers
 from longmoe.layers.ffn import build_ffn
 from longmoe.layers.kda import KDALayer
@@ -30,6 +34,7 @@ from longmoe.layers.mla import DECODE_PATHS, MLALayer
 from longmoe.layers.mlp import GLUMLP
 from longmoe.layers.moe import MoELayer
 from longmoe.layers.norm import RMSNorm
+from longmoe.layers.vision import Patches, VisionEncoder
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -83,7 +88,11 @@ class LongMoE(nn.Module):
         )
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.vision: VisionEncoder | None = None
         self.init_weights()
+        if cfg.vision is not None:  # built after the text weights are drawn: a seed gives the same text
+            self.vision = VisionEncoder(cfg.vision, cfg.d_model, cfg.norm_eps)  # stack with or without it
+            self.vision.init_weights(cfg.init_std)
         self.to(_DTYPES[cfg.dtype])
 
     # ------------------------------------------------------------------ init
@@ -104,6 +113,8 @@ class LongMoE(nn.Module):
         if self.attn_res is not None:
             self.attn_res.queries.zero_()
         self.final_norm.weight.fill_(1.0)
+        if self.vision is not None:
+            self.vision.init_weights(std)
 
     # ------------------------------------------------------------------ helpers
     def moe_layers(self) -> list[nn.Module]:
@@ -139,6 +150,41 @@ class LongMoE(nn.Module):
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [vocab, d]
         return F.linear(self.final_norm(h), w)
 
+    # ------------------------------------------------------------------ images
+    def encode_images(self, images: Sequence[Patches]) -> torch.Tensor:
+        """Patch embeddings ``[Σ rows·cols, d_model]`` of ``images`` (in order, each row-major), for
+        ``forward(image_embeds=)``; a prompt's images are encoded once and sliced across its calls."""
+        if self.vision is None:
+            raise ValueError(
+                "encode_images: this model has no vision encoder (config field 'vision' is null)"
+            )
+        return self.vision(images)
+
+    def _embed(self, input_ids: torch.Tensor, image_embeds: torch.Tensor | None) -> torch.Tensor:
+        """Token embeddings ``[B, T, d]`` with the ``<|image_patch|>`` positions replaced by
+        ``image_embeds`` in row-major (batch row, then time) order."""
+        h = self.embed(input_ids)  # [B, T, d]
+        if self.vision is None:
+            if image_embeds is not None:
+                raise ValueError(
+                    "image_embeds: this model has no vision encoder (config field 'vision' is null)"
+                )
+            return h
+        is_patch = (input_ids == IMAGE_PATCH_TOKEN_ID).flatten()  # [B*T]
+        n = int(is_patch.sum())
+        got = 0 if image_embeds is None else image_embeds.shape[0]
+        if n != got or (image_embeds is not None and tuple(image_embeds.shape[1:]) != (self.cfg.d_model,)):
+            shape = None if image_embeds is None else list(image_embeds.shape)
+            raise ValueError(
+                f"image_embeds: input_ids hold {n} <|image_patch|> token(s), so expected a tensor "
+                f"[{n}, {self.cfg.d_model}], got {shape}"
+            )
+        if n == 0:
+            return h
+        B, T, d = h.shape
+        idx = is_patch.nonzero().squeeze(1)  # [n] flat positions, row-major
+        return h.reshape(B * T, d).index_copy(0, idx, image_embeds.to(h.dtype)).view(B, T, d)
+
     # ------------------------------------------------------------------ forward
     def forward(
         self,
@@ -147,12 +193,15 @@ class LongMoE(nn.Module):
         cache: Cache | None = None,
         cu_seqlens: torch.Tensor | None = None,
         use_cache: bool = False,
+        image_embeds: torch.Tensor | None = None,
     ) -> ModelOutput:
         """``input_ids [B, T]``; ``labels [B, T]`` already shifted (-100 = ignored).
 
         With ``cache`` (or ``use_cache=True``, which starts a new one) the tokens continue the cached
         rows and the cache is updated in place; any split of a sequence into calls gives the same logits.
         ``cu_seqlens [N+1]`` packs documents into one row (``B == 1``) without leaking across them.
+        ``image_embeds [n, d]`` (``encode_images``) fill this call's ``n`` ``<|image_patch|>`` positions in
+        row-major order; a model with a vision encoder needs exactly one embedding per such position.
         """
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise ValueError(
@@ -174,7 +223,7 @@ class LongMoE(nn.Module):
         if cache is not None and cache.batch_size != B:
             raise ValueError(f"cache: holds {cache.batch_size} rows but input_ids has B = {B}")
 
-        h = self.embed(input_ids)  # [B, T, d]
+        h = self._embed(input_ids, image_embeds)  # [B, T, d]
         if self.attn_res is None:
             for i, b in enumerate(self.blocks):
                 h = h + b.mix(h, cache, i, packing)

@@ -11,13 +11,14 @@ from longmoe.config import (
     FFNConfig,
     JsonConfig,
     ModelConfig,
+    VisionConfig,
     check_types,
     dataclass_from_dict,
     preset,
 )
 
 
-@pytest.mark.parametrize("name", ["tiny", "small", "flagship"])
+@pytest.mark.parametrize("name", ["tiny", "small", "flagship", "tiny-vision"])
 def test_presets_validate_and_round_trip(name, tmp_path):
     cfg = preset(name)
     cfg.save(tmp_path / "config.json")
@@ -44,6 +45,11 @@ def test_presets_validate_and_round_trip(name, tmp_path):
         ({"kda_l2_eps": 0.0}, "kda_l2_eps"),
         ({"mla_norm_eps": -1e-6}, "mla_norm_eps"),
         ({"mla_gate": 1}, "mla_gate"),
+        ({"vision": VisionConfig(patch_size=0)}, "vision.patch_size"),
+        ({"vision": VisionConfig(patch_size=8, max_image_side=100)}, "vision.max_image_side"),
+        ({"vision": VisionConfig(encoder="cnn")}, "vision.encoder"),
+        ({"vision": VisionConfig(encoder="vit", width=100, heads=3)}, "vision.width"),
+        ({"vision": VisionConfig(depth=1.5)}, "vision.depth"),
     ],
 )
 def test_bad_configs_name_the_field(changes, field):
@@ -142,3 +148,31 @@ def test_kimi_linear_options_build_and_keep_defaults():
     assert model.num_parameters() == sum(param_counts(cfg).values())
     out = model(torch.randint(0, cfg.vocab_size, (1, 40)))
     assert torch.isfinite(out.logits).all()
+
+
+def test_vision_config_json_round_trip_and_old_configs_load(tmp_path):
+    """``vision`` is null for text-only models, so a config.json written before it existed loads
+    unchanged; a vision config round-trips through the shared config I/O and names its bad fields."""
+    old = preset("tiny").to_dict()
+    del old["vision"]
+    assert ModelConfig.from_dict(old) == preset("tiny") and preset("tiny").vision is None
+    cfg = preset("tiny").replace(vision=VisionConfig(patch_size=16, max_image_side=512, encoder="vit"))
+    cfg.save(tmp_path / "config.json")
+    back = ModelConfig.load(tmp_path / "config.json")
+    assert back == cfg and isinstance(back.vision, VisionConfig)
+    d = cfg.to_dict()
+    d["vision"]["patch_sise"] = 3
+    with pytest.raises(ConfigError, match="vision.patch_sise"):
+        ModelConfig.from_dict(d)
+    d["vision"] = {"max_image_side": "big"}
+    with pytest.raises(ConfigError, match="'vision.max_image_side'"):
+        ModelConfig.from_dict(d)
+
+
+def test_vision_resize_rule():
+    v = VisionConfig(patch_size=14, max_image_side=896)
+    assert v.resized_size(896, 896) == (896, 896) and v.image_tokens(896, 896) == 64 * 64 + 2
+    assert v.resized_size(2200, 1700) == (896, 686)  # 1700 * 896/2200 = 692.4 -> 49 patches
+    assert v.resized_size(5, 3000) == (14, 896)  # at least one patch
+    with pytest.raises(ValueError, match="positive integer sides"):
+        v.resized_size(0, 10)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from longmoe.config import FFNConfig, preset
+from longmoe.config import FFNConfig, VisionConfig, preset
 from longmoe.inspect import cache_accounting, format_report, param_counts, report
 from longmoe.model import LongMoE
 from longmoe.serve.budget import CacheSpec
@@ -20,6 +20,8 @@ from longmoe.serve.budget import CacheSpec
         {"attn_res": False},
         {"layer_pattern": "LM"},
         {"ffn": FFNConfig(kind="moe", n_experts=4, top_k=1, n_shared=0, latent_ratio=1, expert_hidden=32)},
+        {"vision": VisionConfig()},
+        {"vision": VisionConfig(encoder="vit", width=64, depth=3, heads=2, mlp_ratio=2)},
     ],
 )
 def test_counts_equal_instantiated_tiny(changes):
@@ -42,6 +44,26 @@ def test_flagship_lands_on_seed_scale():
     assert abs(r["total_params"] / 2.8e12 - 1) < 0.05
     assert abs(r["active_params"] / 104e9 - 1) < 0.05
     assert cfg.ffn.n_experts == 896 and cfg.max_seq_len == 1 << 20
+
+
+def test_vision_accounting_tiny_and_flagship(capsys):
+    """Vision parameters = the instantiated encoder (tiny-vision); the flagship's assumed 0.4B ViT and its
+    4096-patch images; image tokens agree with data/images (the shared resize rule)."""
+    from longmoe.data.images import image_tokens
+
+    cfg = preset("tiny-vision")
+    r = report(cfg)
+    m = LongMoE(cfg)
+    assert r["params"]["vision"] == sum(p.numel() for p in m.vision.parameters()) > 0
+    assert r["total_params"] == m.num_parameters()
+    assert r["vision"]["image_tokens"]["max (256x256)"]["tokens"] == 32 * 32 + 2
+    assert r["vision"]["image_tokens"]["640x480 photo"]["tokens"] == image_tokens(480, 640, cfg.vision)
+    f = report(preset("flagship"))
+    assert 0.3e9 < f["params"]["vision"] < 0.5e9
+    assert f["vision"]["max_patches"] == 64 * 64
+    assert f["vision"]["image_tokens"]["max (896x896)"]["tokens"] == 4098
+    assert report(preset("tiny"))["vision"] is None and report(preset("tiny"))["params"]["vision"] == 0
+    assert "vision: vit encoder" in format_report(f, "flagship")
 
 
 def test_cache_accounting_formula():
