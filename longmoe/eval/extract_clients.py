@@ -21,9 +21,15 @@ from typing import Any
 import httpx
 
 from longmoe.eval.clients import ClientError, Reply
-from longmoe.tasks.documents import INSTRUCTION, Document
+from longmoe.tasks.documents import Document
 
 INPUTS = ("image", "text")
+# What a general-purpose endpoint is asked (a local model trained by the recipe gets ``INSTRUCTION``)
+ENDPOINT_INSTRUCTION = (
+    "Extract every labelled field, item, table row and figure property of this document as one JSON "
+    "object (lower-case keys; values as printed, as strings, counts and figure numbers as integers). "
+    "Answer with the JSON object only."
+)
 
 
 def png_data_uri(image: Any) -> str:
@@ -35,7 +41,7 @@ def png_data_uri(image: Any) -> str:
 
 def text_prompt(doc: Document) -> str:
     """The text-only control's prompt: the document's content as text, then the instruction."""
-    return f"{doc.text}\n\n{INSTRUCTION}"
+    return f"{doc.text}\n\n{ENDPOINT_INSTRUCTION}"
 
 
 def chat_messages(doc: Document, inputs: str = "image") -> list[dict[str, Any]]:
@@ -46,7 +52,7 @@ def chat_messages(doc: Document, inputs: str = "image") -> list[dict[str, Any]]:
         return [{"role": "user", "content": text_prompt(doc)}]
     content = [
         {"type": "image_url", "image_url": {"url": png_data_uri(doc.image)}},
-        {"type": "text", "text": INSTRUCTION + " Answer with the JSON object only."},
+        {"type": "text", "text": ENDPOINT_INSTRUCTION},
     ]
     return [{"role": "user", "content": content}]
 

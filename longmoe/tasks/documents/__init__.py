@@ -4,7 +4,7 @@
 (nothing downloaded), the JSON object of what is on it, the same content as plain text (for a
 text-only control), and the boxes where each value was drawn. Families, easiest first:
 
-- ``form_easy``: 2-4 labelled fields of 3-5 characters on a 32 x 128 grid aligned to 8-px patches,
+- ``form_easy``: 2-4 labelled fields of 3-5 characters on an 88-px wide grid aligned to 8-px patches,
   one clean bitmap font (made for a tiny model trained on CPU; see ``forms``);
 - ``form``: 3-7 typed fields in random order, varied fonts, positions and row pitch, faint noise;
 - ``receipt``: store, date, 2-5 items with prices, total; noise and up to 3 degrees of rotation;
@@ -44,7 +44,7 @@ FAMILIES: dict[str, Renderer] = {
     "table": pages.table,
     "figure_page": pages.figure_page,
 }
-INSTRUCTION = "Extract the document's fields as JSON."
+INSTRUCTION = "Fields as JSON:"  # short: a tiny character-level model reads it on every example
 
 __all__ = [
     "FAMILIES",

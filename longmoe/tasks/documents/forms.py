@@ -1,6 +1,6 @@
 """Forms: labelled fields. ``form_easy`` is built to be read by a tiny model; ``form`` is a real-looking one.
 
-``form_easy`` (32 x 128 px, the bitmap font only, no noise): 2-4 fields, one per 8-px row, labels
+``form_easy`` (8n x 88 px for n fields, the bitmap font only, no noise): 2-4 fields, one per 8-px row, labels
 from a pool of eight short upper-case words, values 3-5 characters of ``A-Z0-9``. Every character is
 drawn in its own 8 x 8 cell of a fixed-pitch grid aligned to the 8-px patch grid (the default
 ``VisionConfig.patch_size``): the label from column 0, a colon after it, the value from column
@@ -35,7 +35,7 @@ from longmoe.tasks.documents.draw import (
 )
 
 EASY_CELL = 8  # grid pitch in px = the patch size the layout is aligned to
-EASY_ROWS, EASY_COLS = 4, 16  # image 32 x 128 px
+EASY_ROWS, EASY_COLS = 4, 11  # at most 4 rows; 88 px wide (label, colon, blank, up to 5 value cells)
 EASY_LABELS = ("CODE", "ID", "KEY", "LOT", "NAME", "REF", "TAG", "ZIP")
 EASY_VALUE_COL = 6  # values start at this column (labels are at most 4 characters + a colon)
 EASY_VALUE_LEN = (3, 5)
@@ -50,7 +50,7 @@ def easy_cell_origin(row: int, col: int) -> tuple[int, int]:
 def form_easy(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
     n = rng.randint(2, EASY_ROWS)
     labels = sorted(rng.sample(EASY_LABELS, n), key=str.lower)
-    canvas = Canvas(EASY_COLS * EASY_CELL, EASY_ROWS * EASY_CELL)
+    canvas = Canvas(EASY_COLS * EASY_CELL, n * EASY_CELL)  # one 8-px row per field: 16 to 44 patches
     font = bitmap_font()
     fields: dict[str, Any] = {}
     lines = []
