@@ -54,7 +54,8 @@ class VisionExtractConfig(JsonConfig):
     def __post_init__(self) -> None:
         positive = ("d_model", "n_layers", "heads", "patch_size", "max_image_side", "steps", "batch_size",
                     "threads", "checkpoint_every", "curve_every", "curve_n", "eval_n", "eval_n_hard",
-                    "pretrain_steps", "pretrain_seq_len", "pretrain_batch", "pretrain_val_batches")  # fmt: skip
+                    "pretrain_steps", "pretrain_seq_len", "pretrain_batch",
+                    "pretrain_val_batches")  # fmt: skip
         for n in positive:
             v = getattr(self, n)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
