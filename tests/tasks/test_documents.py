@@ -68,7 +68,7 @@ def test_truth_counts_and_consistency():
         e = render("form_easy", seed)
         assert 2 <= len(e.fields) <= 4
         assert list(e.fields) == sorted(e.fields)  # drawn top to bottom in key order
-        assert all(k.upper() in EASY_LABELS and 3 <= len(v) <= 5 and set(v) <= set(ALNUM)
+        assert all(k in EASY_LABELS and 3 <= len(v) <= 5 and set(v) <= set(ALNUM)
                    for k, v in e.fields.items())  # fmt: skip
         r = render("receipt", seed).fields
         cents = sum(int(it["price"].replace(".", "")) for it in r["items"])
@@ -94,15 +94,19 @@ def test_form_easy_glyphs_sit_whole_in_their_patch():
     assert ink.shape == (len(lines) * EASY_CELL, 11 * EASY_CELL)  # one patch row per field
 
 
-def test_form_easy_glyphs_are_distinct_patches():
-    """A linear projector can only tell characters apart if their patches differ."""
+def test_form_easy_glyphs_are_whole_and_distinct_patches():
+    """Every character form_easy draws stays inside its cell, and a linear projector can tell the
+    characters apart (their patches differ)."""
     from PIL import Image, ImageDraw
 
     seen = {}
-    for ch in ALNUM + ":":
-        im = Image.new("L", (EASY_CELL, EASY_CELL), 255)
-        ImageDraw.Draw(im).text(easy_cell_origin(0, 0), ch, font=bitmap_font(), fill=0)
-        key = (np.asarray(im) < 128).tobytes()
+    for ch in sorted(set(ALNUM + ":" + "".join(EASY_LABELS))):
+        im = Image.new("L", (3 * EASY_CELL, 3 * EASY_CELL), 255)  # the glyph's cell and its neighbours
+        ImageDraw.Draw(im).text(easy_cell_origin(1, 1), ch, font=bitmap_font(), fill=0)
+        ink = np.asarray(im) < 128
+        cell = ink[EASY_CELL : 2 * EASY_CELL, EASY_CELL : 2 * EASY_CELL]
+        assert cell.sum() == ink.sum() > 0, f"{ch!r} spills out of its cell"
+        key = cell.tobytes()
         assert key not in seen, (ch, seen.get(key))
         seen[key] = ch
 

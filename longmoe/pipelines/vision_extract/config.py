@@ -30,6 +30,10 @@ class VisionExtractConfig(JsonConfig):
     mix: dict[str, float] = field(default_factory=lambda: {"form_easy": 1.0})
     steps: int = 4000
     batch_size: int = 16
+    # rows of each main-model batch that show their document as text instead of pixels: the copying
+    # circuit learnt on text is then reused for patches once a glyph's patch embedding lines up with its
+    # character's token embedding (0 = images only). The text control never sees images.
+    text_rows: int = 0
     lr: float = 1e-2
     warmup_steps: int = 50
     weight_decay: float = 0.01
@@ -76,6 +80,8 @@ class VisionExtractConfig(JsonConfig):
                 raise ValueError(f"{n}={getattr(self, n)!r} is invalid: expected a number > 0")
         if self.warmup_steps < 0 or self.pretrain_image_rows < 0 or self.weight_decay < 0:
             raise ValueError("warmup_steps, pretrain_image_rows and weight_decay must be >= 0")
+        if not 0 <= self.text_rows < self.batch_size:
+            raise ValueError(f"text_rows={self.text_rows} is invalid: expected 0 <= text_rows < batch_size")
         if not self.pretrain_margin > 0:
             raise ValueError(f"pretrain_margin={self.pretrain_margin!r} is invalid: expected a number > 0")
         self.model_config(vision=True)  # the model settings must make a valid ModelConfig

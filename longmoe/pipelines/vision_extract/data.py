@@ -39,11 +39,13 @@ class Batch:
 
 
 def make_rows(
-    docs: list[Document], tok: Tokenizer, model: LongMoE, inputs: str
+    docs: list[Document], tok: Tokenizer, model: LongMoE, inputs: str | list[str]
 ) -> tuple[list[list[int]], list[list[int]], list[Patches]]:
+    """Rows, labels and the images (in row order) of ``docs``; ``inputs`` per document or for all."""
+    kinds = [inputs] * len(docs) if isinstance(inputs, str) else inputs
     rows, labels, images = [], [], []
-    for d in docs:
-        prompt, patches = prompt_ids(d, tok, model, inputs)
+    for d, kind in zip(docs, kinds):
+        prompt, patches = prompt_ids(d, tok, model, kind)
         target = [*tok.encode(d.target), tok.eos_id]
         ids = prompt + target
         lab = [IGNORE_INDEX] * (len(prompt) - 1) + target + [IGNORE_INDEX]  # lab[t] = ids[t + 1]
@@ -70,12 +72,23 @@ def family_for(mix: dict[str, float], rng: random.Random) -> str:
 
 
 def train_batch(
-    mix: dict[str, float], step: int, batch_size: int, seed: int, tok: Tokenizer, model: LongMoE, inputs: str
+    mix: dict[str, float],
+    step: int,
+    batch_size: int,
+    seed: int,
+    tok: Tokenizer,
+    model: LongMoE,
+    inputs: str,
+    text_rows: int = 0,
 ) -> Batch:
-    """Batch ``step``: families drawn from ``mix``, render seeds unique per (seed, step, row)."""
+    """Batch ``step``: families drawn from ``mix``, render seeds unique per (seed, step, row); with
+    ``inputs="image"`` the last ``text_rows`` rows show their document as text instead (co-training)."""
     rng = random.Random(f"vision-extract-batch:{seed}:{step}")
     docs = []
     for i in range(batch_size):
         s = (seed * 10_000_019 + step * batch_size + i) % HELD_OUT_SEED_BASE
         docs.append(render(family_for(mix, rng), s))
-    return collate(*make_rows(docs, tok, model, inputs), pad_id=tok.pad_id)
+    kinds = [inputs] * batch_size
+    if inputs == "image" and text_rows:
+        kinds[batch_size - text_rows :] = ["text"] * text_rows
+    return collate(*make_rows(docs, tok, model, kinds), pad_id=tok.pad_id)

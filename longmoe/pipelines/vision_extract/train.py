@@ -99,7 +99,8 @@ def train_extractor(
     while step < rc.steps:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, sched, rc.steps)
-        loss = _step(model, opt, train_batch(rc.mix, step, rc.batch_size, rc.seed, tok, model, inputs))
+        b = train_batch(rc.mix, step, rc.batch_size, rc.seed, tok, model, inputs, rc.text_rows)
+        loss = _step(model, opt, b)
         step += 1
         if step % rc.curve_every == 0 or step == rc.steps:
             f1 = curve_f1(model, tok, rc, inputs)

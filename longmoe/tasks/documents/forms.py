@@ -1,7 +1,8 @@
 """Forms: labelled fields. ``form_easy`` is built to be read by a tiny model; ``form`` is a real-looking one.
 
 ``form_easy`` (8n x 88 px for n fields, the bitmap font only, no noise): 2-4 fields, one per 8-px row, labels
-from a pool of eight short upper-case words, values 3-5 characters of ``A-Z0-9``. Every character is
+from a pool of eight short lower-case words drawn exactly as their JSON keys (so reading a key is
+copying it, like a value), values 3-5 characters of ``A-Z0-9``. Every character is
 drawn in its own 8 x 8 cell of a fixed-pitch grid aligned to the 8-px patch grid (the default
 ``VisionConfig.patch_size``): the label from column 0, a colon after it, the value from column
 ``EASY_VALUE_COL``. So each glyph lands whole in one patch at the same offset every time, and a linear
@@ -36,7 +37,8 @@ from longmoe.tasks.documents.draw import (
 
 EASY_CELL = 8  # grid pitch in px = the patch size the layout is aligned to
 EASY_ROWS, EASY_COLS = 4, 11  # at most 4 rows; 88 px wide (label, colon, blank, up to 5 value cells)
-EASY_LABELS = ("CODE", "ID", "KEY", "LOT", "NAME", "REF", "TAG", "ZIP")
+# drawn as they are keyed; no descenders (g, j, p, q, y would reach below the 8-px cell)
+EASY_LABELS = ("box", "code", "fee", "id", "lot", "name", "ref", "unit")
 EASY_VALUE_COL = 6  # values start at this column (labels are at most 4 characters + a colon)
 EASY_VALUE_LEN = (3, 5)
 _BITMAP_INK_TOP = 2  # the bitmap font's glyphs have ink in rows 2..8 of their 11-px cell
@@ -49,14 +51,14 @@ def easy_cell_origin(row: int, col: int) -> tuple[int, int]:
 
 def form_easy(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
     n = rng.randint(2, EASY_ROWS)
-    labels = sorted(rng.sample(EASY_LABELS, n), key=str.lower)
+    labels = sorted(rng.sample(EASY_LABELS, n))
     canvas = Canvas(EASY_COLS * EASY_CELL, n * EASY_CELL)  # one 8-px row per field: 16 to 44 patches
     font = bitmap_font()
     fields: dict[str, Any] = {}
     lines = []
     for row, label in enumerate(labels):
         value = code(rng, *EASY_VALUE_LEN)
-        key = label.lower()
+        key = label
         for col, ch in enumerate(label + ":"):
             canvas.text(easy_cell_origin(row, col), ch, font)
         for j, ch in enumerate(value):
