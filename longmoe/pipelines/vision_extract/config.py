@@ -18,7 +18,7 @@ VOCAB = MIN_VOCAB  # the character-level tokenizer (data.char_tokenizer)
 @dataclass
 class VisionExtractConfig(JsonConfig):
     # the model (a small dense-FFN LongMoE with a linear patch projector)
-    d_model: int = 128
+    d_model: int = 64  # init_std 0.1 ~ 1/sqrt(d_model): off the copy plateau in ~1,000 steps (docs/vision.md)
     n_layers: int = 2
     layer_pattern: str = "LM"
     heads: int = 2
@@ -29,7 +29,7 @@ class VisionExtractConfig(JsonConfig):
     # training (main model on images; the text-only control gets the same steps, batch and lr)
     mix: dict[str, float] = field(default_factory=lambda: {"form_easy": 1.0})
     steps: int = 4000
-    batch_size: int = 16
+    batch_size: int = 32
     # rows of each main-model batch that show their document as text instead of pixels: the copying
     # circuit learnt on text is then reused for patches once a glyph's patch embedding lines up with its
     # character's token embedding (0 = images only). The text control never sees images.
