@@ -58,6 +58,8 @@ def test_batches_are_deterministic_and_never_held_out(tok):
     out = model(a.input_ids, labels=a.labels, image_embeds=model.encode_images(a.images))
     assert torch.isfinite(out.ce_loss)
     assert (3 * 4 + 3) < HELD_OUT_SEED_BASE
+    mixed = train_batch({"form_easy": 1.0}, 3, 4, 0, tok, model, "image", text_rows=1)
+    assert len(mixed.images) == 3 and int((mixed.input_ids[3] == tok.image_patch_id).sum()) == 0
 
 
 def test_config_errors_name_the_field():

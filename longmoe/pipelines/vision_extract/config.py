@@ -28,7 +28,7 @@ class VisionExtractConfig(JsonConfig):
     max_image_side: int = 256
     # training (main model on images; the text-only control gets the same steps, batch and lr)
     mix: dict[str, float] = field(default_factory=lambda: {"form_easy": 1.0})
-    steps: int = 4000
+    steps: int = 2000
     batch_size: int = 32
     # rows of each main-model batch that show their document as text instead of pixels: the copying
     # circuit learnt on text is then reused for patches once a glyph's patch embedding lines up with its

@@ -129,6 +129,10 @@ def _errors(target: str, prediction: str) -> str:
 
 
 def plot_examples(result: VisionExtractResult, out: Path, path: Path) -> None:
+    """One row per example: the page (as the model saw it) on the left, truth, prediction and the
+    wrong fields on the right."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -138,21 +142,26 @@ def plot_examples(result: VisionExtractResult, out: Path, path: Path) -> None:
     exs = result.examples
     if not exs:
         return
-    fig, axes = plt.subplots(len(exs), 1, figsize=(8, 1.9 * len(exs)), squeeze=False)
-    for ax, e in zip(axes[:, 0], exs):
-        ax.imshow(Image.open(out / "examples" / e.image), cmap="gray", interpolation="nearest")
-        ax.set_xticks([])
-        ax.set_yticks([])
-        wrap = lambda s: s if len(s) < 90 else s[:87] + "..."
-        ax.set_title(f"{e.doc_id}  F1 {e.f1:.2f}", fontsize=8, loc="left")
-        err = wrap(_errors(e.target, e.prediction))
-        ax.set_xlabel(
-            f"truth: {wrap(e.target)}\npred:  {wrap(e.prediction)}\nerrors: {err}",
-            fontsize=7, loc="left", family="monospace",
-        )  # fmt: skip
-    fig.subplots_adjust(hspace=1.2, left=0.02, right=0.98, top=0.97, bottom=0.08)
+    fig, axes = plt.subplots(
+        len(exs), 2, figsize=(10, 1.5 * len(exs)), squeeze=False, gridspec_kw={"width_ratios": [1, 2.2]}
+    )
+    for (ax_img, ax_txt), e in zip(axes, exs):
+        ax_img.imshow(Image.open(out / "examples" / e.image), cmap="gray", interpolation="nearest")
+        ax_img.set_axis_off()
+        ax_txt.set_axis_off()
+        lines = [f"{e.doc_id}   field F1 {e.f1:.2f}"]
+        for label, s in (
+            ("truth", e.target),
+            ("pred ", e.prediction),
+            ("wrong", _errors(e.target, e.prediction)),
+        ):
+            wrapped = textwrap.wrap(s, 78, break_on_hyphens=False) or [""]
+            lines += [f"{label}: {wrapped[0]}"] + [f"       {w}" for w in wrapped[1:3]]
+        ax_txt.text(0, 1, "\n".join(lines), va="top", ha="left", family="monospace", fontsize=6.5,
+                    transform=ax_txt.transAxes)  # fmt: skip
+    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
