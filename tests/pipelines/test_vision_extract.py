@@ -14,7 +14,7 @@ from longmoe.config import IGNORE_INDEX
 from longmoe.eval.extract_local import prompt_ids
 from longmoe.pipelines.vision_extract.__main__ import main
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig, quick
-from longmoe.pipelines.vision_extract.data import char_tokenizer, make_rows, train_batch
+from longmoe.pipelines.vision_extract.data import char_tokenizer, make_rows, train_batch, train_seed
 from longmoe.pipelines.vision_extract.train import build_model
 from longmoe.tasks.documents import HELD_OUT_SEED_BASE, render
 
@@ -48,7 +48,13 @@ def test_rows_put_loss_on_the_json_only(tok, inputs):
         assert images == [] and d.text in tok.decode(prompt[1:])
 
 
-def test_batches_are_deterministic_and_never_held_out(tok):
+def test_training_seeds_never_reach_the_held_out_range():
+    for seed, step in [(0, 0), (3, 10**8), (99, 31_250_000)]:
+        assert all(0 <= train_seed(seed, step, 32, i) < HELD_OUT_SEED_BASE for i in range(32))
+    assert len({train_seed(0, s, 32, i) for s in range(50) for i in range(32)}) == 50 * 32
+
+
+def test_batches_are_deterministic(tok):
     rc = quick()
     model = build_model(rc)
     a = train_batch({"form_easy": 1.0, "table": 1.0}, 3, 4, 0, tok, model, "image")
@@ -57,9 +63,19 @@ def test_batches_are_deterministic_and_never_held_out(tok):
     assert a.input_ids.shape[0] == 4 and len(a.images) == 4
     out = model(a.input_ids, labels=a.labels, image_embeds=model.encode_images(a.images))
     assert torch.isfinite(out.ce_loss)
-    assert (3 * 4 + 3) < HELD_OUT_SEED_BASE
     mixed = train_batch({"form_easy": 1.0}, 3, 4, 0, tok, model, "image", text_rows=1)
     assert len(mixed.images) == 3 and int((mixed.input_ids[3] == tok.image_patch_id).sum()) == 0
+
+
+def test_cli_overrides_and_errors(capsys):
+    from longmoe.pipelines.vision_extract.__main__ import load_config, parse_args
+
+    rc = load_config(parse_args(["--quick", "--steps", "9", "--mix", "form_easy=1,form=0.5", "--no-control"]))
+    assert rc.steps == 9 and rc.mix == {"form_easy": 1.0, "form": 0.5} and not rc.text_control
+    assert main(["--quick", "--mix", "poster=1"]) == 2
+    assert "mix=" in capsys.readouterr().err
+    assert main(["--quick", "--mix", "form=heavy"]) == 2
+    assert "--mix item 'form=heavy'" in capsys.readouterr().err
 
 
 def test_config_errors_name_the_field():

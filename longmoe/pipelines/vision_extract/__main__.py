@@ -25,9 +25,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("runs/vision_extract"), help="output directory")
     p.add_argument("--steps", type=int, help="training steps of the extractor and the control")
     p.add_argument("--threads", type=int, help="torch CPU threads (default from the config: 2)")
+    p.add_argument(
+        "--mix", help="training families and weights, e.g. form_easy=1,form=0.5 (default: form_easy only)"
+    )
     p.add_argument("--no-control", action="store_true", help="skip the text-only control")
     p.add_argument("--quick", action="store_true", help="a smoke run of seconds (a 32-wide model, 6 steps)")
     return p.parse_args(argv)
+
+
+def _mix(spec: str) -> dict[str, float]:
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, w = part.partition("=")
+        try:
+            out[name.strip()] = float(w) if w else 1.0
+        except ValueError:
+            raise ValueError(
+                f"--mix item {part!r} is invalid: expected family=weight, e.g. form=0.5"
+            ) from None
+    return out
 
 
 def load_config(args: argparse.Namespace) -> VisionExtractConfig:
@@ -39,6 +55,8 @@ def load_config(args: argparse.Namespace) -> VisionExtractConfig:
         d["steps"] = args.steps
     if args.threads is not None:
         d["threads"] = args.threads
+    if args.mix is not None:
+        d["mix"] = _mix(args.mix)
     if args.no_control:
         d["text_control"] = False
     return VisionExtractConfig.from_dict(d)

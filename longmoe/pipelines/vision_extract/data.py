@@ -71,6 +71,12 @@ def family_for(mix: dict[str, float], rng: random.Random) -> str:
     return rng.choices(names, weights=[mix[n] for n in names])[0]
 
 
+def train_seed(seed: int, step: int, batch_size: int, row: int) -> int:
+    """The render seed of a training row: unique per (seed, step, row) until it wraps, always below
+    ``HELD_OUT_SEED_BASE`` (no held-out page is ever trained on)."""
+    return (seed * 10_000_019 + step * batch_size + row) % HELD_OUT_SEED_BASE
+
+
 def train_batch(
     mix: dict[str, float],
     step: int,
@@ -86,8 +92,7 @@ def train_batch(
     rng = random.Random(f"vision-extract-batch:{seed}:{step}")
     docs = []
     for i in range(batch_size):
-        s = (seed * 10_000_019 + step * batch_size + i) % HELD_OUT_SEED_BASE
-        docs.append(render(family_for(mix, rng), s))
+        docs.append(render(family_for(mix, rng), train_seed(seed, step, batch_size, i)))
     kinds = [inputs] * batch_size
     if inputs == "image" and text_rows:
         kinds[batch_size - text_rows :] = ["text"] * text_rows
