@@ -55,7 +55,7 @@ def encode_rows(n_images: int, iters: int) -> tuple[list[dict], list[list]]:
         t = {}
         with torch.no_grad():
             for name, enc in encs.items():
-                t[name] = timeit(lambda enc=enc, imgs=imgs: enc(imgs), warmup=1, iters=iters) / n_images
+                t[name] = timeit(lambda enc=enc, imgs=imgs: enc(imgs), warmup=2, iters=iters) / n_images
         tokens = cfg.image_tokens(h, w)
         res.append({"height": h, "width": w, "resized": [rh, rw], "tokens": tokens,
                     "linear_us_per_image": t["linear"] * 1e6, "vit_us_per_image": t["vit"] * 1e6,
@@ -103,8 +103,8 @@ def _mixed_one(encoder: str, batch: int, seq: int, rounds: int, tok: Tokenizer) 
 
     tt, tm = [], []
     for _ in range(rounds):  # interleaved: drift on a shared machine hits both arms alike
-        tt.append(timeit(step_text, warmup=1, iters=1))
-        tm.append(timeit(step_mixed, warmup=1, iters=1))
+        tt.append(timeit(step_text, warmup=2, iters=1))
+        tm.append(timeit(step_mixed, warmup=2, iters=1))
     a, b, ntok = statistics.median(tt), statistics.median(tm), batch * seq
     return {"encoder": encoder, "batch": batch, "seq": seq,
             "image_tokens_per_row": sum(p.n for p in patches) // batch + 2,
@@ -124,8 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer images and rounds (seconds)")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README benchmark table")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (default 1: stable on a shared machine)"
+    )
     args = ap.parse_args(argv)
-    enc, enc_rows = encode_rows(n_images=2 if args.quick else 8, iters=1 if args.quick else 5)
+    torch.set_num_threads(args.threads)
+    enc, enc_rows = encode_rows(n_images=4 if args.quick else 16, iters=2 if args.quick else 5)
     mix, mix_rows = mixed_rows(batch=4 if args.quick else 8, seq=128 if args.quick else 256,
                                rounds=1 if args.quick else 5)  # fmt: skip
     md = (

@@ -87,7 +87,6 @@ def test_config_errors_name_the_field():
         VisionExtractConfig(eval_families=["nope"])
 
 
-@pytest.mark.slow  # ~30 s on a busy 2-core machine (two tiny trainings, evaluation, the check, plots)
 def test_quick_run_end_to_end_and_resume(tmp_path, capsys):
     out = tmp_path / "vx"
     assert main(["--quick", "--out", str(out)]) == 0
