@@ -70,8 +70,19 @@ def test_batches_are_deterministic(tok):
 def test_cli_overrides_and_errors(capsys):
     from longmoe.pipelines.vision_extract.__main__ import load_config, parse_args
 
-    rc = load_config(parse_args(["--quick", "--steps", "9", "--mix", "form_easy=1,form=0.5", "--no-control"]))
+    argv = [
+        "--quick",
+        "--steps",
+        "9",
+        "--mix",
+        "form_easy=1,form=0.5",
+        "--no-control",
+        "--control-steps",
+        "4",
+    ]
+    rc = load_config(parse_args(argv))
     assert rc.steps == 9 and rc.mix == {"form_easy": 1.0, "form": 0.5} and not rc.text_control
+    assert rc.control_steps == 4
     assert main(["--quick", "--mix", "poster=1"]) == 2
     assert "mix=" in capsys.readouterr().err
     assert main(["--quick", "--mix", "form=heavy"]) == 2

@@ -29,6 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--mix", help="training families and weights, e.g. form_easy=1,form=0.5 (default: form_easy only)"
     )
     p.add_argument("--no-control", action="store_true", help="skip the text-only control")
+    p.add_argument("--control-steps", type=int, help="steps of the text-only control (default: --steps)")
     p.add_argument("--quick", action="store_true", help="a smoke run of seconds (a 32-wide model, 6 steps)")
     return p.parse_args(argv)
 
@@ -57,6 +58,8 @@ def load_config(args: argparse.Namespace) -> VisionExtractConfig:
         d["threads"] = args.threads
     if args.mix is not None:
         d["mix"] = _mix(args.mix)
+    if args.control_steps is not None:
+        d["control_steps"] = args.control_steps
     if args.no_control:
         d["text_control"] = False
     return VisionExtractConfig.from_dict(d)

@@ -47,6 +47,7 @@ class VisionExtractConfig(JsonConfig):
     eval_n: int = 200
     eval_n_hard: int = 50  # per family not in the training mix
     text_control: bool = True
+    control_steps: int = 0  # steps of the text-only control; 0 = the main model's (the same budget)
     # the interleaved-pretraining check: a text LM vs the same LM also fed image documents
     pretrain_steps: int = 600
     pretrain_seq_len: int = 256
@@ -80,6 +81,10 @@ class VisionExtractConfig(JsonConfig):
                 raise ValueError(f"{n}={getattr(self, n)!r} is invalid: expected a number > 0")
         if self.warmup_steps < 0 or self.pretrain_image_rows < 0 or self.weight_decay < 0:
             raise ValueError("warmup_steps, pretrain_image_rows and weight_decay must be >= 0")
+        if self.control_steps < 0:
+            raise ValueError(
+                f"control_steps={self.control_steps} is invalid: expected >= 0 (0: same as steps)"
+            )
         if not 0 <= self.text_rows < self.batch_size:
             raise ValueError(f"text_rows={self.text_rows} is invalid: expected 0 <= text_rows < batch_size")
         if not self.pretrain_margin > 0:

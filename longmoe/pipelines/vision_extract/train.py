@@ -86,6 +86,7 @@ def train_extractor(
         return model, TrainRun(**json.loads(run_file.read_text()))
     model = build_model(rc, vision=True)
     opt = torch.optim.AdamW(param_groups(model, rc.weight_decay), lr=rc.lr, betas=(0.9, 0.98))
+    total = (rc.control_steps or rc.steps) if inputs == "text" else rc.steps
     sched = TrainConfig(lr=rc.lr, warmup_steps=rc.warmup_steps, schedule="cosine")
     step, seconds, curve = 0, 0.0, []
     if (out / CKPT).is_file():
@@ -96,18 +97,18 @@ def train_extractor(
         log(f"{out.name}: resuming at step {step}")
     t0, loss = time.perf_counter() - seconds, float("nan")
     model.train()
-    while step < rc.steps:
+    while step < total:
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, sched, rc.steps)
+            g["lr"] = lr_at(step, sched, total)
         b = train_batch(rc.mix, step, rc.batch_size, rc.seed, tok, model, inputs, rc.text_rows)
         loss = _step(model, opt, b)
         step += 1
-        if step % rc.curve_every == 0 or step == rc.steps:
+        if step % rc.curve_every == 0 or step == total:
             f1 = curve_f1(model, tok, rc, inputs)
             curve.append([step, round(loss, 4), round(f1, 4)])
-            log(f"{out.name}: step {step}/{rc.steps} loss {loss:.3f} held-out F1 {f1:.3f} "
+            log(f"{out.name}: step {step}/{total} loss {loss:.3f} held-out F1 {f1:.3f} "
                 f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
-        if step % rc.checkpoint_every == 0 and step < rc.steps:
+        if step % rc.checkpoint_every == 0 and step < total:
             state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "curve": curve,
                      "seconds": time.perf_counter() - t0}  # fmt: skip
             _save_ckpt(out / CKPT, state)
@@ -183,8 +184,11 @@ def pretrain_check(
         return PretrainCheck(**json.loads(f.read_text()))
     torch.set_num_threads(rc.threads)
     sched = TrainConfig(lr=rc.lr, warmup_steps=rc.warmup_steps, schedule="cosine")
-    vals = {}
+    part = out / "pretrain_check.partial.json"  # one finished arm survives a killed run
+    vals = json.loads(part.read_text()) if part.is_file() else {}
     for mode in ("text", "mixed"):
+        if mode in vals:
+            continue
         model = build_model(rc, vision=True)  # same seed: identical start; the text model never uses vision
         opt = torch.optim.AdamW(param_groups(model, rc.weight_decay), lr=rc.lr, betas=(0.9, 0.98))
         t0 = time.perf_counter()
@@ -199,6 +203,7 @@ def pretrain_check(
             )
             _step(model, opt, b)
         vals[mode] = text_val_loss(model, rc, tok)
+        part.write_text(json.dumps(vals) + "\n")
         log(f"pretrain check: {mode}: text val loss {vals[mode]:.4f} ({time.perf_counter() - t0:.0f} s)")
     res = PretrainCheck(
         steps=rc.pretrain_steps, text_tokens=rc.pretrain_steps * rc.pretrain_batch * rc.pretrain_seq_len,
@@ -206,4 +211,5 @@ def pretrain_check(
         mixed_val=round(vals["mixed"], 4), margin=rc.pretrain_margin,
     )  # fmt: skip
     f.write_text(json.dumps(res.__dict__, indent=2) + "\n")
+    part.unlink(missing_ok=True)
     return res
