@@ -469,9 +469,10 @@ def _tiny_dense() -> ModelConfig:
 
 
 def _tiny_vision() -> ModelConfig:
-    """``tiny`` that also reads images: 8-pixel patches up to 256 px a side, a 2-layer ViT 128 wide."""
+    """``tiny`` that also reads images: 8-pixel patches up to 120 px a side (15 × 15 patches: the largest
+    image, 227 tokens, fits the default curriculum's 256-token windows), a 2-layer ViT 128 wide."""
     return _tiny().replace(
-        vision=VisionConfig(patch_size=8, max_image_side=256, encoder="vit", width=128, depth=2, heads=4)
+        vision=VisionConfig(patch_size=8, max_image_side=120, encoder="vit", width=128, depth=2, heads=4)
     )
 
 

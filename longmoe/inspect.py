@@ -67,8 +67,8 @@ def param_counts(cfg: ModelConfig, active: bool = False) -> dict[str, int]:
     c["norms"] = (2 * cfg.n_layers + 1) * d  # two pre-norms per layer + final (mixer-internal: in kda/mla)
     if cfg.attn_res:
         c["attn_res"] = BlockAttnRes.param_count(2 * cfg.n_layers + 1, d)
-    if cfg.vision is not None:  # every encoder parameter works on every image patch: active too
-        c["vision"] = VisionEncoder.param_count(cfg.vision, d)
+    if cfg.vision is not None and not active:  # a text token never runs the vision encoder; an image
+        c["vision"] = VisionEncoder.param_count(cfg.vision, d)  # patch runs all of it (see "vision:")
     return c
 
 
@@ -215,10 +215,11 @@ def format_report(r: dict[str, Any], name: str) -> str:
     if vis:
         lines += [
             "",
-            f"  vision: {vis['encoder']} encoder, {_h(r['params']['vision'])} parameters, "
-            f"{vis['patch_size']}-px patches, images up to {vis['max_image_side']} px a side "
+            f"  vision: {vis['encoder']} encoder, {_h(r['params']['vision'])} parameters "
+            "(all of them run for each image patch, none for a text token)",
+            f"  {vis['patch_size']}-px patches, images up to {vis['max_image_side']} px a side "
             f"(≤ {vis['max_patches']:,} patches), "
-            f"~{_h(vis['encoder_flops_per_patch'])} FLOPs/patch to encode",
+            f"~{_h(vis['encoder_flops_per_patch'])} FLOPs per patch to encode",
             f"  {'image':<22}{'resized':>12}{'tokens':>10}",
         ]
         for name, t in vis["image_tokens"].items():

@@ -89,6 +89,7 @@ class LongMoE(nn.Module):
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.vision: VisionEncoder | None = None
+        self.static_shapes = False
         self.init_weights()
         if cfg.vision is not None:  # built after the text weights are drawn: a seed gives the same text
             self.vision = VisionEncoder(cfg.vision, cfg.d_model, cfg.norm_eps)  # stack with or without it
@@ -142,6 +143,7 @@ class LongMoE(nn.Module):
         """Shape-static cached calls for ``torch.compile`` (same results): MLA attends over the reserved
         latent capacity with a mask (the caller runs ``cache.reserve(T)`` first), MoE routes without
         data-dependent branches and runs decode-sized batches through ``gather_experts``."""
+        self.static_shapes = on  # and no check of image tokens in a call without images (a sync)
         for m in self.modules():
             if isinstance(m, MLALayer | MoELayer):
                 m.static_shapes = on
@@ -170,6 +172,8 @@ class LongMoE(nn.Module):
                     "image_embeds: this model has no vision encoder (config field 'vision' is null)"
                 )
             return h
+        if image_embeds is None and self.static_shapes:  # a compiled decode step: no data-dependent
+            return h  # check (images are only ever in prompts, and the engine never samples them)
         is_patch = (input_ids == IMAGE_PATCH_TOKEN_ID).flatten()  # [B*T]
         n = int(is_patch.sum())
         got = 0 if image_embeds is None else image_embeds.shape[0]

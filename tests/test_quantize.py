@@ -131,3 +131,21 @@ def test_shared_key_projection_is_quantized_and_decodes_exactly(mode):
         steps = [q(x[:, :16], cache=cache).logits]
         steps += [q(x[:, t : t + 1], cache=cache).logits for t in range(16, 24)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_vision_encoder_quantizes_and_still_encodes(mode):
+    """A vision model's encoder projections are quantized like the text stack's (the position tables
+    stay float) and images still run end to end, close to the float model."""
+    from longmoe.layers.vision import Patches
+
+    torch.manual_seed(0)
+    m = LongMoE(preset("tiny-vision")).eval()
+    p = Patches(torch.rand(6, 192), 2, 3)
+    x = torch.tensor([[1, 50, 9] + [11] * 6 + [10, 60]])
+    with torch.no_grad():
+        ref = m(x, image_embeds=m.encode_images([p])).logits
+        done = quantize_model(m, mode)
+        got = m(x, image_embeds=m.encode_images([p])).logits
+    assert "vision.patch_proj" in done.linears and isinstance(m.vision.blocks[0].qkv, QuantLinear)
+    assert (got.float() - ref).abs().max() < 0.2 * ref.abs().max()

@@ -7,7 +7,10 @@ train/validation is by *file* (a hash of its relative path), so a validation fil
 training through its package concatenation either.
 
 User data (``--data PATH``): a text file, a JSONL file (one object per line, ``text`` field), a
-Parquet file (``text`` column), or a directory of those (walked in sorted order). Everything streams:
+Parquet file (``text`` column), or a directory of those (walked in sorted order). A JSONL line may
+instead hold an interleaved image-text document, ``{"segments": [{"text": "..."}, {"image":
+"fig.png"}, ...]}``: an image is a path relative to the JSONL file or a ``data:image/...;base64,``
+URI, decoded when the document is packed (``longmoe.data.images``, docs/train.md). Everything streams:
 one document is in memory at a time. Text must be UTF-8: a file whose share of non-text bytes (bytes
 that are not valid UTF-8, and NUL bytes) exceeds ``MAX_BINARY_SHARE`` is refused as binary; a smaller
 share is read with U+FFFD in their place and a warning giving the share.
@@ -59,16 +62,28 @@ class DataError(UserError, ValueError):
 
 
 @dataclass(frozen=True)
+class ImageRef:
+    """An image of an interleaved document, not yet read: ``uri`` is a ``data:`` URI or a path,
+    relative paths resolved against ``base`` (the directory of the file that names it)."""
+
+    uri: str
+    base: str = "."
+
+
+@dataclass(frozen=True)
 class Document:
     """One training/eval document: its text and where it came from (a path, path:line, or a tag).
 
     ``loss_from`` (a character offset) makes ``text[:loss_from]`` context only: its tokens are read but
     not predicted, as in SFT prompt masking (task documents: learn the answer, not the filler).
+    ``parts``: an interleaved image-text document, its text segments and images in order (``text`` is
+    then the text segments joined, what a tokenizer is trained on).
     """
 
     text: str
     source: str
     loss_from: int | None = None
+    parts: tuple[str | ImageRef, ...] | None = None
 
 
 def split_of(key: str, val_fraction: float = VAL_FRACTION) -> str:
@@ -230,6 +245,29 @@ def _parquet_documents(f: Path, text_field: str) -> Iterator[Document]:
         raise DataError(f"--data file {f} is not a readable Parquet file ({e})") from e
 
 
+def segments_document(segments: object, source: str, base: str) -> Document | None:
+    """The ``Document`` of an interleaved JSONL line's ``segments`` (None when it holds nothing);
+    a ``DataError`` at ``source`` names the malformed segment."""
+    if not isinstance(segments, list):
+        raise DataError(f'{source}: "segments" must be a list, got {type(segments).__name__}')
+    parts: list[str | ImageRef] = []
+    for j, seg in enumerate(segments):
+        ok = isinstance(seg, dict) and len(seg) == 1 and set(seg) <= {"text", "image"}
+        value = next(iter(seg.values())) if ok else None
+        if not isinstance(value, str):
+            raise DataError(
+                f'{source}: segments[{j}] = {str(seg)[:80]} is invalid: expected {{"text": "<string>"}} '
+                'or {"image": "<path relative to the file, or a data:image/...;base64, URI>"}'
+            )
+        if "image" in seg:
+            parts.append(ImageRef(value, base))
+        elif value:
+            parts.append(value)
+    if not parts:
+        return None
+    return Document(text="".join(p for p in parts if isinstance(p, str)), source=source, parts=tuple(parts))
+
+
 def _file_documents(f: Path, text_field: str) -> Iterator[Document]:
     suf = f.suffix.lower()
     if suf in JSONL_SUFFIXES:
@@ -242,9 +280,17 @@ def _file_documents(f: Path, text_field: str) -> Iterator[Document]:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise DataError(f"{f}:{i + 1}: not valid JSON ({e})") from e
+                if isinstance(obj, dict) and "segments" in obj:
+                    doc = segments_document(obj["segments"], f"{f}:{i + 1}", str(f.parent))
+                    if doc is not None:
+                        yield doc
+                    continue
                 text = obj.get(text_field) if isinstance(obj, dict) else None
                 if not isinstance(text, str):
-                    raise DataError(f"{f}:{i + 1}: expected an object with a string field {text_field!r}")
+                    raise DataError(
+                        f"{f}:{i + 1}: expected an object with a string field {text_field!r} "
+                        '(or a "segments" list of {"text": ...} / {"image": ...} objects)'
+                    )
                 if text:
                     yield Document(text=text, source=f"{f}:{i + 1}")
     elif suf in PARQUET_SUFFIXES:

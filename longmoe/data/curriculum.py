@@ -6,6 +6,9 @@ one packed row with ``cu_seqlens``. Packers are shared between stages that use t
 synthetic sources, the same length), so replaying short-window data in stage 3 continues the stage-1
 stream instead of repeating it. The whole position (stage, batch within stage, every packer) is a
 plain dict that goes into the checkpoint.
+
+With a ``vision`` config the packers read interleaved image-text documents (``data/packing.py``) and a
+batch carries the ``images`` of its windows.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from longmoe.config import VisionConfig
+from longmoe.data.images import ImageLoader
 from longmoe.data.mix import make_mix
 from longmoe.data.packing import Packer, collate
 from longmoe.data.stages import CurriculumStage
@@ -49,8 +52,10 @@ class Curriculum:
         seed: int = 0,
         data: str | Path | None = None,
         split: str = "train",
+        vision: VisionConfig | None = None,
     ) -> None:
         self.stages, self.tok, self.seed, self.data, self.split = stages, tokenizer, seed, data, split
+        self.images = None if vision is None else ImageLoader(vision, tokenizer)
         self.stage_idx, self.batch_in_stage = 0, 0
         self._packers: dict[str, Packer] = {}
         self._saved: dict[str, Any] = {}  # restored states of packers not built yet
@@ -91,7 +96,7 @@ class Curriculum:
                 synthetic_loss=synthetic_loss,
                 synthetic_range=tuple(synthetic_range) if synthetic_range is not None else None,
             )
-            p = Packer(src, self.tok.encode, self.tok.bos_id, self.tok.eos_id)
+            p = Packer(src, self.tok.encode, self.tok.bos_id, self.tok.eos_id, self.images)
             if key in self._saved:
                 p.restore(self._saved.pop(key))
             self._packers[key] = p
@@ -139,9 +144,11 @@ def val_batches(
     mix: dict[str, float] | None = None,
     data: str | Path | None = None,
     seed: int = 1234,
-) -> list[dict[str, torch.Tensor]]:
+    vision: VisionConfig | None = None,
+) -> list[dict[str, Any]]:
     """Fixed validation data: the first ``n_windows`` windows of ``length`` from the val split, one packed
     batch each (scored separately so attention memory stays O(length²), not O((n·length)²))."""
     src = make_mix(mix or {"file": 1.0}, "val", seed, tokenizer, data, synthetic_length=length)
-    p = Packer(src, tokenizer.encode, tokenizer.bos_id, tokenizer.eos_id)
+    images = None if vision is None else ImageLoader(vision, tokenizer)
+    p = Packer(src, tokenizer.encode, tokenizer.bos_id, tokenizer.eos_id, images)
     return [collate([p.next_window(length)]) for _ in range(n_windows)]

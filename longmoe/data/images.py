@@ -11,9 +11,12 @@ each side is rounded to the nearest multiple of ``patch_size`` (at least one pat
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,6 +24,7 @@ import torch
 from PIL import Image
 
 from longmoe.config import IGNORE_INDEX, VisionConfig
+from longmoe.data.corpus import ImageRef
 from longmoe.layers.vision import Patches
 
 if TYPE_CHECKING:
@@ -131,3 +135,41 @@ def mask_image_labels(labels: torch.Tensor | Sequence[int], tokenizer: Tokenizer
         out[torch.isin(out, torch.tensor(ids, device=out.device))] = IGNORE_INDEX
         return out
     return [IGNORE_INDEX if t in ids else t for t in labels]
+
+
+# ---------------------------------------------------------------------- images of training documents
+def read_image_ref(ref: ImageRef) -> bytes:
+    """The bytes an interleaved document's image names: a ``data:<mime>;base64,`` URI, or a file (a
+    relative path is resolved against ``ref.base``)."""
+    uri = ref.uri
+    if uri.startswith("data:"):
+        head, sep, payload = uri.partition(",")
+        if not sep or not head.endswith(";base64"):
+            raise ImageError(f"data URI {uri[:40]!r}... is invalid: expected data:image/<type>;base64,<data>")
+        if not head[5:].startswith("image/"):
+            raise ImageError(f"data URI has MIME type {head[5:-7]!r}: expected image/<type>")
+        try:
+            return base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ImageError(f"data URI payload is not valid base64 ({e})") from e
+    path = Path(ref.base) / uri
+    if not path.is_file():
+        raise ImageError(f"image file not found: {path}")
+    return path.read_bytes()
+
+
+class ImageLoader:
+    """Turns a training document's ``ImageRef`` into ``Patches`` and its token span (the packer's view
+    of the vision config and the tokenizer's image ids)."""
+
+    def __init__(self, cfg: VisionConfig, tokenizer: Tokenizer, max_pixels: int = MAX_PIXELS) -> None:
+        self.cfg, self.max_pixels = cfg, max_pixels
+        self.start_id, self.patch_id, self.end_id = image_token_ids(tokenizer)
+        self.pad_id = tokenizer.pad_id  # fills the rest of a window an image does not fit in
+        self.ids = frozenset((self.start_id, self.patch_id, self.end_id))
+
+    def load(self, ref: ImageRef) -> Patches:
+        return patchify(decode_image(read_image_ref(ref), max_pixels=self.max_pixels), self.cfg)
+
+    def span(self, patches: Patches) -> list[int]:
+        return [self.start_id] + [self.patch_id] * patches.n + [self.end_id]

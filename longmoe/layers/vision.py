@@ -126,7 +126,7 @@ class VisionEncoder(nn.Module):
         return self.row_embed(r) + self.col_embed(c)  # [n, width]
 
     def forward(self, images: Sequence[Patches]) -> torch.Tensor:
-        w = self.patch_proj.weight
+        w = self.row_embed.weight  # device and dtype (the projections may be quantized: no .weight)
         if len(images) == 0:
             return w.new_zeros(0, self.d_model)
         for i, p in enumerate(images):

@@ -36,7 +36,9 @@ DEFAULT_PRESET = "tiny"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--preset", help=f"model preset (tiny, tiny-dense, small); default {DEFAULT_PRESET}")
+    g.add_argument(
+        "--preset", help=f"model preset (tiny, tiny-dense, tiny-vision, small); default {DEFAULT_PRESET}"
+    )
     g.add_argument("--config", type=Path, help="model config.json (overrides --preset)")
     g = p.add_argument_group("data")
     g.add_argument(

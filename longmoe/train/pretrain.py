@@ -36,7 +36,7 @@ from torch import nn
 from tqdm import tqdm
 
 from longmoe import checkpoint as ckpt
-from longmoe.config import IGNORE_INDEX, ConfigError, ModelConfig
+from longmoe.config import IGNORE_INDEX, IMAGE_PATCH_TOKEN_ID, ConfigError, ModelConfig
 from longmoe.data.corpus import corpus_texts
 from longmoe.data.curriculum import Curriculum, val_batches
 from longmoe.data.tokenizer import Tokenizer
@@ -127,6 +127,11 @@ def check_fits(cfg: ModelConfig, tok: Tokenizer) -> None:
         raise ConfigError(
             f"vocab_size={cfg.vocab_size} is too small for the tokenizer: it has {tok.vocab_size} tokens; "
             f"expected vocab_size >= {tok.vocab_size}"
+        )
+    if cfg.vision is not None and tok.image_patch_id != IMAGE_PATCH_TOKEN_ID:
+        raise ConfigError(
+            f"the tokenizer's <|image_patch|> has id {tok.image_patch_id}, but a vision model finds image "
+            f"positions by id {IMAGE_PATCH_TOKEN_ID}: use a tokenizer trained by longmoe"
         )
 
 
@@ -227,7 +232,7 @@ class Trainer:
 
     def make_data(self) -> Curriculum:
         """The batch stream (SFT overrides it: demonstrations plus replay, same stage bookkeeping)."""
-        return Curriculum(self.tcfg.stages, self.tok, self.tcfg.seed, self.tcfg.data)
+        return Curriculum(self.tcfg.stages, self.tok, self.tcfg.seed, self.tcfg.data, vision=self.mcfg.vision)
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
@@ -318,10 +323,14 @@ class Trainer:
         window = self.curriculum.stage.window
         while n_micro < self.tcfg.grad_accum and not self.curriculum.done:
             b = self.curriculum.next_batch()
+            self._check_images(b)
             stage, window = b["stage"], b["window"]
             b = batch_to(self._local(b), self.par.device)
             with self._autocast():
-                out = self.forward(b["input_ids"], labels=b["labels"], cu_seqlens=b["cu_seqlens"])
+                out = self.forward(
+                    b["input_ids"], labels=b["labels"], cu_seqlens=b["cu_seqlens"],
+                    image_embeds=self._image_embeds(b),
+                )  # fmt: skip
             if self.par.enabled:
                 ce, aux, loss = self._sharded_loss(out, b["labels"])
                 loss_value = ce + aux
@@ -384,6 +393,22 @@ class Trainer:
         rec.update(self.balance_record())
         return rec
 
+    def _check_images(self, batch: dict[str, Any]) -> None:
+        """Refuse images under torchrun, on the global batch (the same on every rank, so every rank
+        stops: a rank that went on would wait for the others in a collective)."""
+        if self.par.enabled and batch.get("images"):
+            raise ConfigError(
+                "image documents train in one process only: under torchrun the vision encoder's "
+                "gradients would be reduced only on ranks whose windows hold images, and context "
+                "parallelism would cut image spans (run without torchrun)"
+            )
+
+    def _image_embeds(self, batch: dict[str, Any]) -> torch.Tensor | None:
+        """Patch embeddings of the batch's images (``[n, d]``, row order), encoded in this step so the
+        vision encoder trains with the language model; None for a batch without images."""
+        images = batch.get("images")
+        return self.model.encode_images(images) if images else None
+
     def _local(self, batch: dict[str, Any]) -> dict[str, Any]:
         """This rank's windows of the global ``batch`` (the whole batch in a single process)."""
         lengths = window_lengths(self.tcfg.stages[batch["stage"]])
@@ -425,7 +450,11 @@ class Trainer:
         """Mean next-token loss on fixed validation windows of ``length`` tokens (no aux loss)."""
         n = n_windows or self.tcfg.val_windows
         if length not in self.val_cache:
-            self.val_cache[length] = val_batches(self.tok, length, n, data=self.tcfg.data)
+            self.val_cache[length] = val_batches(
+                self.tok, length, n, data=self.tcfg.data, vision=self.mcfg.vision
+            )
+            for b in self.val_cache[length]:
+                self._check_images(b)
         self.model.eval()
         total, count = 0.0, 0
         batches, part, parts = self.val_cache[length], self.par.data_rank, self.par.data_degree
@@ -436,7 +465,10 @@ class Trainer:
             b = context_part(batches[j if j < len(batches) else 0], self.par.cp_rank, self.par.dims.cp)
             b = batch_to(b, self.par.device)
             with self._autocast():
-                out = self.model(b["input_ids"], labels=b["labels"], cu_seqlens=b["cu_seqlens"])
+                out = self.model(
+                    b["input_ids"], labels=b["labels"], cu_seqlens=b["cu_seqlens"],
+                    image_embeds=self._image_embeds(b),
+                )  # fmt: skip
             k = int((b["labels"] != IGNORE_INDEX).sum()) if j < len(batches) else 0
             if k:
                 total, count = total + float(out.ce_loss) * k, count + k
