@@ -63,10 +63,9 @@ def form_easy(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
             canvas.text(easy_cell_origin(row, col), ch, font)
         for j, ch in enumerate(value):
             canvas.text(easy_cell_origin(row, EASY_VALUE_COL + j), ch, font)
-        x0, y0 = easy_cell_origin(row, EASY_VALUE_COL)
-        canvas.boxes.append(
-            Box(key, value, (x0, y0, (EASY_VALUE_COL + len(value)) * EASY_CELL, (row + 1) * EASY_CELL))
-        )
+        cells = (EASY_VALUE_COL * EASY_CELL, row * EASY_CELL, (EASY_VALUE_COL + len(value)) * EASY_CELL,
+                 (row + 1) * EASY_CELL)  # fmt: skip
+        canvas.boxes.append(Box(key, value, cells))  # the value's grid cells
         fields[key] = value
         lines.append(f"{label}: {value}")
     return canvas.image, fields, "\n".join(lines), canvas.boxes
