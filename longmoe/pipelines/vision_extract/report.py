@@ -53,7 +53,7 @@ def markdown(result: VisionExtractResult, rc: VisionExtractConfig) -> str:
         "",
         f"Model: d_model {rc.d_model}, {rc.n_layers} layers ({rc.layer_pattern}), {rc.encoder} patch encoder "
         f"({rc.patch_size}-px patches), {m.params:,} parameters; trained from scratch on {rc.mix} for "
-        f"{m.steps} steps of {rc.batch_size} in {m.seconds / 60:.1f} min ({rc.threads} thread{'s' if rc.threads > 1 else ''}).",
+        f"{m.steps} steps of {rc.batch_size} in {m.seconds / 60:.1f} min ({rc.threads} thread(s)).",
         "",
         f"**form_easy held-out field F1: {verdict}.**",
         "",
