@@ -72,7 +72,8 @@ def run(rc: VisionExtractConfig, out: Path, log: Callable[[str], None] = print) 
     main_eval = evaluate(model, tok, rc, out / "main", "image", log)
     control = control_eval = None
     if rc.text_control:
-        log("vision_extract: text-only control (the same content as text, same budget)")
+        steps = rc.control_steps or rc.steps
+        log(f"vision_extract: text-only control (the same content as text, {steps} steps)")
         cmodel, control = train_extractor(rc, tok, out / "control", "text", log)
         control_eval = evaluate(cmodel, tok, rc, out / "control", "text", log)
     log(f"vision_extract: interleaved-pretraining check ({rc.pretrain_steps} steps x 2)")
