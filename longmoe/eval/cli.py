@@ -6,9 +6,11 @@ Examples::
     longmoe eval --endpoint http://127.0.0.1:8000 --api-model longmoe --lengths 4k --n 8
     longmoe eval --model runs/train --ppl-by-position --ppl-max-len 16k
     longmoe eval --tasks agent --model runs/sft --envs doclookup,calculator --horizons 1,2,4 --n 100
+    longmoe eval --tasks extract --model runs/vision_extract/model --families form_easy,receipt --n 100
 
 Writes ``OUT/results.jsonl`` (resumable), ``OUT/summary.{json,md}``, ``OUT/ppl.{json,md}`` and
-``OUT/plots/*.png``. ``--tasks agent`` scores tool-using episodes instead (``eval/agent_cli.py``).
+``OUT/plots/*.png``. ``--tasks agent`` scores tool-using episodes instead (``eval/agent_cli.py``),
+``--tasks extract`` image -> JSON extraction on rendered documents (``eval/extract_cli.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
 from longmoe.eval import runner
 from longmoe.eval.agent_cli import add_agent_arguments, run_agent
 from longmoe.eval.clients import ClientError, EndpointClient, LocalClient
+from longmoe.eval.extract_cli import add_extract_arguments, run_extract_cli
 from longmoe.eval.plots import plot_run
 from longmoe.eval.ppl import markdown_ppl, ppl_by_position
 from longmoe.ops.quant import MODES as QUANT_MODES
@@ -68,7 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--tasks",
         help=f"comma-separated tasks (default {DEFAULT_TASKS}; without --ppl-by-position); known: "
         + ", ".join(TASKS)
-        + "; or 'agent' alone: tool-using episodes (see the agent options)",
+        + "; or 'agent' alone: tool-using episodes (see the agent options); or 'extract' alone: "
+        "image -> JSON on rendered documents (see the extraction options)",
     )
     g.add_argument(
         "--lengths", default="1k,4k", help="prompt lengths in tokens, e.g. 512,1k,4k,16k (default 1k,4k)"
@@ -112,6 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-plots", action="store_true", help="do not write plots")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_agent_arguments(p)
+    add_extract_arguments(p)
 
 
 def _error(msg: str) -> int:
@@ -124,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
         if args.tasks.strip() != "agent" or args.ppl_by_position:
             return _error("--tasks agent runs alone (no other tasks, no --ppl-by-position)")
         return run_agent(args)
+    if args.tasks is not None and "extract" in args.tasks.split(","):
+        if args.tasks.strip() != "extract" or args.ppl_by_position:
+            return _error("--tasks extract runs alone (no other tasks, no --ppl-by-position)")
+        return run_extract_cli(args)
     if (args.model is None) == (args.endpoint is None):
         return _error("give exactly one of --model DIR or --endpoint URL")
     if args.ppl_by_position and args.model is None:

@@ -1,0 +1,117 @@
+"""The recipe's settings: the tiny model, the training budget, what is evaluated, the two controls.
+
+Defaults are the full run (the one expected to reach form_easy field F1 >= 0.9 on held-out renders
+in about 30 CPU minutes); ``quick()`` is a smoke run of seconds for tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from longmoe.config import FFNConfig, JsonConfig, ModelConfig, VisionConfig
+from longmoe.data.tokenizer import MIN_VOCAB
+from longmoe.tasks.documents import FAMILIES
+
+VOCAB = MIN_VOCAB  # the character-level tokenizer (data.char_tokenizer)
+
+
+@dataclass
+class VisionExtractConfig(JsonConfig):
+    # the model (a small dense-FFN LongMoE with a linear patch projector)
+    d_model: int = 64  # init_std 0.1 ~ 1/sqrt(d_model): off the copy plateau in ~1,000 steps (docs/vision.md)
+    n_layers: int = 2
+    layer_pattern: str = "LM"
+    heads: int = 2
+    init_std: float = 0.1
+    patch_size: int = 8
+    encoder: str = "linear"
+    max_image_side: int = 256
+    # training (main model on images; the text-only control gets the same steps, batch and lr)
+    mix: dict[str, float] = field(default_factory=lambda: {"form_easy": 1.0})
+    steps: int = 2000
+    batch_size: int = 32
+    # rows of each main-model batch that show their document as text instead of pixels: the copying
+    # circuit learnt on text is then reused for patches once a glyph's patch embedding lines up with its
+    # character's token embedding (0 = images only). The text control never sees images.
+    text_rows: int = 0
+    lr: float = 1e-2
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    seed: int = 0
+    threads: int = 2
+    checkpoint_every: int = 250  # steps between resumable checkpoints
+    curve_every: int = 250  # steps between held-out probes (curve_n form_easy renders each)
+    curve_n: int = 64
+    # evaluation (held-out renders per family; families outside the mix are reported as measured)
+    eval_families: list[str] = field(default_factory=lambda: list(FAMILIES))
+    eval_n: int = 200
+    eval_n_hard: int = 50  # per family not in the training mix
+    text_control: bool = True
+    control_steps: int = 0  # steps of the text-only control; 0 = the main model's (the same budget)
+    # the interleaved-pretraining check: a text LM vs the same LM also fed image documents
+    pretrain_steps: int = 600
+    pretrain_seq_len: int = 256
+    pretrain_batch: int = 8
+    pretrain_image_rows: int = 4  # image-document rows added to every mixed batch (text rows unchanged)
+    pretrain_val_batches: int = 8
+    pretrain_margin: float = 0.05  # nats/token the mixed model's text loss may exceed the text-only one
+
+    def __post_init__(self) -> None:
+        positive = ("d_model", "n_layers", "heads", "patch_size", "max_image_side", "steps", "batch_size",
+                    "threads", "checkpoint_every", "curve_every", "curve_n", "eval_n", "eval_n_hard",
+                    "pretrain_steps", "pretrain_seq_len", "pretrain_batch",
+                    "pretrain_val_batches")  # fmt: skip
+        for n in positive:
+            v = getattr(self, n)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{n}={v!r} is invalid: expected a positive integer")
+        if self.d_model % (2 * self.heads):
+            raise ValueError(
+                f"d_model={self.d_model} is invalid: expected a multiple of 2 * heads={self.heads}"
+            )
+        if not self.mix or any(f not in FAMILIES or not w > 0 for f, w in self.mix.items()):
+            raise ValueError(f"mix={self.mix} is invalid: expected positive weights of {list(FAMILIES)}")
+        bad = [f for f in self.eval_families if f not in FAMILIES]
+        if bad or not self.eval_families:
+            raise ValueError(
+                f"eval_families={self.eval_families} is invalid: expected names from {list(FAMILIES)}"
+            )
+        for n in ("lr", "init_std"):
+            if not getattr(self, n) > 0:
+                raise ValueError(f"{n}={getattr(self, n)!r} is invalid: expected a number > 0")
+        if self.warmup_steps < 0 or self.pretrain_image_rows < 0 or self.weight_decay < 0:
+            raise ValueError("warmup_steps, pretrain_image_rows and weight_decay must be >= 0")
+        if self.control_steps < 0:
+            raise ValueError(
+                f"control_steps={self.control_steps} is invalid: expected >= 0 (0: same as steps)"
+            )
+        if not 0 <= self.text_rows < self.batch_size:
+            raise ValueError(f"text_rows={self.text_rows} is invalid: expected 0 <= text_rows < batch_size")
+        if not self.pretrain_margin > 0:
+            raise ValueError(f"pretrain_margin={self.pretrain_margin!r} is invalid: expected a number > 0")
+        self.model_config(vision=True)  # the model settings must make a valid ModelConfig
+
+    def model_config(self, vision: bool = True) -> ModelConfig:
+        head = self.d_model // self.heads
+        return ModelConfig(
+            vocab_size=VOCAB, d_model=self.d_model, n_layers=self.n_layers, layer_pattern=self.layer_pattern,
+            max_seq_len=4096, kda_heads=self.heads, kda_head_dim=head, kda_gate_rank=16,
+            mla_heads=self.heads, mla_q_lora_rank=0, mla_kv_lora_rank=self.d_model, mla_head_dim=head,
+            mla_v_head_dim=head, attn_res=False, attn_res_blocks=self.n_layers, init_std=self.init_std,
+            ffn=FFNConfig(kind="dense", dense_hidden=2 * self.d_model),
+            vision=VisionConfig(patch_size=self.patch_size, max_image_side=self.max_image_side,
+                                encoder=self.encoder) if vision else None,
+        )  # fmt: skip
+
+    def eval_count(self, family: str) -> int:
+        return self.eval_n if family in self.mix else self.eval_n_hard
+
+
+def quick() -> VisionExtractConfig:
+    """A smoke run: a 32-wide model, a few steps of everything, a handful of held-out renders."""
+    return VisionExtractConfig(
+        d_model=32, steps=6, batch_size=4, checkpoint_every=3, curve_every=3, curve_n=4,
+        eval_families=["form_easy", "receipt"], eval_n=4, eval_n_hard=2,
+        pretrain_steps=3, pretrain_seq_len=64, pretrain_batch=2, pretrain_image_rows=2,
+        pretrain_val_batches=2, threads=1,
+    )  # fmt: skip

@@ -1,0 +1,215 @@
+"""Training loops of the recipe: the extractor (image or text inputs) and the pretraining check.
+
+Both resume: ``OUT/<run>/ckpt.pt`` holds the model, optimiser, step and curve every
+``checkpoint_every`` steps (written atomically), and a finished extractor is a model directory
+``OUT/<run>/model`` that ``longmoe eval --tasks extract --model`` reads. Batches are pure functions
+of the step, so a resumed run sees the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from longmoe.checkpoint import is_model_dir, load_model, save_model_dir
+from longmoe.config import IGNORE_INDEX
+from longmoe.data.corpus import stdlib_files, stdlib_root
+from longmoe.data.tokenizer import Tokenizer
+from longmoe.eval.extract import score_answer
+from longmoe.eval.extract_local import decode_documents
+from longmoe.model import LongMoE
+from longmoe.pipelines.vision_extract.config import VisionExtractConfig
+from longmoe.pipelines.vision_extract.data import Batch, train_batch
+from longmoe.pipelines.vision_extract.result import PretrainCheck, TrainRun
+from longmoe.tasks.documents import held_out_seeds, render
+from longmoe.train.config import TrainConfig
+from longmoe.train.pretrain import lr_at, param_groups, seed_everything
+
+CURVE_OFFSET = 50_000_000  # held-out block of the training curve (the final evaluation uses offset 0)
+GRAD_CLIP = 1.0
+CKPT = "ckpt.pt"
+MODEL_DIR = "model"
+RUN_FILE = "run.json"
+
+
+def build_model(rc: VisionExtractConfig, vision: bool = True) -> LongMoE:
+    seed_everything(rc.seed)
+    return LongMoE(rc.model_config(vision=vision))
+
+
+def _save_ckpt(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)  # atomic: a killed run leaves the previous checkpoint
+
+
+def _step(model: LongMoE, opt: torch.optim.Optimizer, b: Batch) -> float:
+    emb = model.encode_images(b.images) if b.images else None
+    out = model(b.input_ids, labels=b.labels, image_embeds=emb)
+    opt.zero_grad(set_to_none=True)
+    out.ce_loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    opt.step()
+    return float(out.ce_loss.detach())
+
+
+def curve_f1(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inputs: str) -> float:
+    """Pooled field F1 on ``rc.curve_n`` held-out renders of the mix's first family (greedy)."""
+    fam = sorted(rc.mix, key=lambda f: -rc.mix[f])[0]
+    docs = [render(fam, s) for s in held_out_seeds(rc.curve_n, CURVE_OFFSET)]
+    reps = decode_documents(model, tok, docs, [len(tok.encode(d.target)) + 16 for d in docs], inputs)
+    tp = npred = ngold = 0
+    for r, d in zip(reps, docs):
+        s = score_answer(r.text, d.fields)
+        tp, npred, ngold = tp + s["tp"], npred + s["n_pred"], ngold + s["n_gold"]
+    p, rec = tp / max(1, npred), tp / max(1, ngold)
+    return 2 * p * rec / (p + rec) if p + rec > 0 else 0.0
+
+
+def train_extractor(
+    rc: VisionExtractConfig, tok: Tokenizer, out: Path, inputs: str, log: Callable[[str], None] = print
+) -> tuple[LongMoE, TrainRun]:
+    """Train (or resume, or load the finished) extractor reading ``inputs`` ("image" | "text")."""
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(rc.threads)
+    run_file, model_dir = out / RUN_FILE, out / MODEL_DIR
+    if run_file.is_file() and is_model_dir(model_dir):
+        model = load_model(model_dir).model
+        return model, TrainRun(**json.loads(run_file.read_text()))
+    model = build_model(rc, vision=True)
+    opt = torch.optim.AdamW(param_groups(model, rc.weight_decay), lr=rc.lr, betas=(0.9, 0.98))
+    total = (rc.control_steps or rc.steps) if inputs == "text" else rc.steps
+    sched = TrainConfig(lr=rc.lr, warmup_steps=rc.warmup_steps, schedule="cosine")
+    step, seconds, curve = 0, 0.0, []
+    if (out / CKPT).is_file():
+        st = torch.load(out / CKPT, weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        step, seconds, curve = st["step"], st["seconds"], st["curve"]
+        log(f"{out.name}: resuming at step {step}")
+    t0, loss = time.perf_counter() - seconds, float("nan")
+    model.train()
+    while step < total:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, sched, total)
+        b = train_batch(rc.mix, step, rc.batch_size, rc.seed, tok, model, inputs, rc.text_rows)
+        loss = _step(model, opt, b)
+        step += 1
+        if step % rc.curve_every == 0 or step == total:
+            f1 = curve_f1(model, tok, rc, inputs)
+            curve.append([step, round(loss, 4), round(f1, 4)])
+            log(f"{out.name}: step {step}/{total} loss {loss:.3f} held-out F1 {f1:.3f} "
+                f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+        if step % rc.checkpoint_every == 0 and step < total:
+            state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "curve": curve,
+                     "seconds": time.perf_counter() - t0}  # fmt: skip
+            _save_ckpt(out / CKPT, state)
+    run = TrainRun(
+        inputs=inputs, steps=step, seconds=round(time.perf_counter() - t0, 1),
+        params=sum(p.numel() for p in model.parameters()), curve=curve,
+    )  # fmt: skip
+    save_model_dir(model_dir, model, tok)
+    run_file.write_text(json.dumps(run.__dict__, indent=2) + "\n")
+    (out / CKPT).unlink(missing_ok=True)
+    return model, run
+
+
+# ---------------------------------------------------------------------- the pretraining check
+@functools.lru_cache(maxsize=2)
+def _text(split: str, chars: int) -> str:
+    """Standard-library source text of ``split`` (sorted files), at least ``chars`` characters."""
+    root, parts, n = stdlib_root(), [], 0
+    for rel in stdlib_files(split):
+        t = (root / rel).read_text(encoding="utf-8", errors="replace")
+        parts.append(t)
+        n += len(t)
+        if n >= chars:
+            break
+    return "\n".join(parts)
+
+
+def text_rows(
+    split: str, key: str, n: int, seq_len: int, tok: Tokenizer
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` random windows of ``seq_len`` tokens: ``(input_ids, labels)`` ``[n, seq_len]`` each."""
+    text = _text(split, 2_000_000 if split == "train" else 300_000)
+    rng = random.Random(f"vision-extract-text:{split}:{key}")
+    rows = []
+    for _ in range(n):
+        i = rng.randrange(len(text) - 4 * seq_len)
+        ids = tok.encode(text[i : i + 4 * seq_len])[: seq_len + 1]  # a few characters per token at most
+        rows.append(ids)
+    x = torch.tensor(rows)  # [n, seq_len + 1]
+    return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+
+def _mixed_batch(
+    tx: torch.Tensor, ty: torch.Tensor, rc: VisionExtractConfig, step: int, tok: Tokenizer, model: LongMoE
+) -> Batch:
+    """The text rows plus ``rc.pretrain_image_rows`` image-document rows, padded to one width."""
+    img = train_batch(rc.mix, 10_000_000 + step, rc.pretrain_image_rows, rc.seed, tok, model, "image")
+    T = max(tx.shape[1], img.input_ids.shape[1])
+    pad = lambda a, v: torch.nn.functional.pad(a, (0, T - a.shape[1]), value=v)
+    x = torch.cat([pad(tx, tok.pad_id), pad(img.input_ids, tok.pad_id)])
+    y = torch.cat([pad(ty, IGNORE_INDEX), pad(img.labels, IGNORE_INDEX)])
+    return Batch(x, y, img.images, int((y != IGNORE_INDEX).sum()))
+
+
+@torch.no_grad()
+def text_val_loss(model: LongMoE, rc: VisionExtractConfig, tok: Tokenizer) -> float:
+    model.eval()
+    losses = []
+    for k in range(rc.pretrain_val_batches):
+        x, y = text_rows("val", f"val{k}", rc.pretrain_batch, rc.pretrain_seq_len, tok)
+        losses.append(float(model(x, labels=y).ce_loss))
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def pretrain_check(
+    rc: VisionExtractConfig, tok: Tokenizer, out: Path, log: Callable[[str], None] = print
+) -> PretrainCheck:
+    """Train the same LM twice on the same text batches, once with image documents mixed into every
+    batch; compare their text validation loss. Stored as ``OUT/pretrain_check.json``."""
+    f = out / "pretrain_check.json"
+    if f.is_file():
+        return PretrainCheck(**json.loads(f.read_text()))
+    torch.set_num_threads(rc.threads)
+    sched = TrainConfig(lr=rc.lr, warmup_steps=rc.warmup_steps, schedule="cosine")
+    part = out / "pretrain_check.partial.json"  # one finished arm survives a killed run
+    vals = json.loads(part.read_text()) if part.is_file() else {}
+    for mode in ("text", "mixed"):
+        if mode in vals:
+            continue
+        model = build_model(rc, vision=True)  # same seed: identical start; the text model never uses vision
+        opt = torch.optim.AdamW(param_groups(model, rc.weight_decay), lr=rc.lr, betas=(0.9, 0.98))
+        t0 = time.perf_counter()
+        for step in range(rc.pretrain_steps):
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, sched, rc.pretrain_steps)
+            tx, ty = text_rows("train", f"{rc.seed}:{step}", rc.pretrain_batch, rc.pretrain_seq_len, tok)
+            b = (
+                _mixed_batch(tx, ty, rc, step, tok, model)
+                if mode == "mixed"
+                else Batch(tx, ty, [], ty.numel())
+            )
+            _step(model, opt, b)
+        vals[mode] = text_val_loss(model, rc, tok)
+        part.write_text(json.dumps(vals) + "\n")
+        log(f"pretrain check: {mode}: text val loss {vals[mode]:.4f} ({time.perf_counter() - t0:.0f} s)")
+    res = PretrainCheck(
+        steps=rc.pretrain_steps, text_tokens=rc.pretrain_steps * rc.pretrain_batch * rc.pretrain_seq_len,
+        image_rows=rc.pretrain_steps * rc.pretrain_image_rows, text_only_val=round(vals["text"], 4),
+        mixed_val=round(vals["mixed"], 4), margin=rc.pretrain_margin,
+    )  # fmt: skip
+    f.write_text(json.dumps(res.__dict__, indent=2) + "\n")
+    part.unlink(missing_ok=True)
+    return res
