@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from longmoe.data.images import image_span
+
 if TYPE_CHECKING:  # the tokenizer imports this module for its template
     from longmoe.data.tokenizer import Tokenizer
     from longmoe.layers.vision import Patches
@@ -263,8 +265,6 @@ class _ImageSpans:
     def expand(self, ids: list[int]) -> list[int]:
         if not self.images or self.start not in ids:
             return ids
-        from longmoe.data.images import image_span  # PIL and numpy only where images are used
-
         out, i = [], 0
         while i < len(ids):
             if ids[i] == self.start and i + 1 < len(ids) and ids[i + 1] == self.end:

@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
-
-import httpx
 
 from longmoe.data.chat import AssistantTurn, ToolCall, render_message, render_messages
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.envs import Env
 from longmoe.envs.episode import assistant_message
-from longmoe.eval.clients import ClientError
+from longmoe.eval.clients import ClientError, HTTPEndpoint
 
 Message = dict[str, Any]
 
@@ -95,28 +92,11 @@ def turn_from_message(msg: dict[str, Any]) -> AssistantTurn:
     return AssistantTurn(content, tuple(calls))
 
 
-class EndpointAgent:
+class EndpointAgent(HTTPEndpoint):
     """Any OpenAI-compatible ``/v1/chat/completions`` with function calling."""
 
-    def __init__(
-        self,
-        url: str,
-        model: str,
-        api_key: str | None = None,
-        timeout: float = 600.0,
-        retries: int = 3,
-        backoff: float = 0.5,
-    ) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ClientError(f"endpoint {url!r} is invalid: expected an http:// or https:// URL")
-        if not model:
-            raise ClientError("an endpoint needs --api-model (the model name the server expects)")
-        base = url.rstrip("/")
-        base = base[: -len("/v1")] if base.endswith("/v1") else base
-        self.url, self.model, self.name = f"{base}/v1/chat/completions", model, f"{model}@{base}"
-        self.retries, self.backoff = retries, backoff
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(timeout=timeout, headers=headers)
+    def __init__(self, url: str, model: str, api_key: str | None = None, **opts: Any) -> None:
+        super().__init__(url, model, "chat/completions", api_key, **opts)
 
     def turn(self, messages: list[Message], env: Env, max_tokens: int) -> AgentReply:
         body = {
@@ -127,37 +107,16 @@ class EndpointAgent:
             "temperature": 0.0,
             "max_tokens": max_tokens,
         }
-        r = self._post(body)
-        try:
-            data = r.json()
-            msg = data["choices"][0]["message"]
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            raise ClientError(f"{self.url} returned an unexpected body: {r.text[:300]}") from e
+        r = self.post(body)
+        if r.status_code == 400 and "context" in r.text:
+            raise ContextOverflow(f"{self.url}: {r.text[:300]}")
+        data, choice = self.first_choice(r)
+        msg = choice.get("message")
+        if not isinstance(msg, dict):
+            raise ClientError(f"{self.url} returned an unexpected body: {r.text[:300]}")
         turn = turn_from_message(msg)
         keep: Message = {"role": "assistant", "content": msg.get("content")}
         if msg.get("tool_calls"):
             keep["tool_calls"] = msg["tool_calls"]
         usage = data.get("usage") or {}
         return AgentReply(turn, keep, usage.get("prompt_tokens"), usage.get("completion_tokens"))
-
-    def _post(self, body: dict[str, Any]) -> httpx.Response:
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            try:
-                r = self.http.post(self.url, json=body)
-            except httpx.TransportError as e:  # connection refused/reset, timeout
-                last = e
-            else:
-                if r.status_code == 200:
-                    return r
-                if r.status_code == 400 and "context" in r.text:
-                    raise ContextOverflow(f"{self.url}: {r.text[:300]}")
-                if r.status_code < 500 and r.status_code != 429:
-                    raise ClientError(f"{self.url} answered HTTP {r.status_code}: {r.text[:300]}")
-                last = ClientError(f"{self.url} answered HTTP {r.status_code}: {r.text[:200]}")
-            if attempt < self.retries:
-                time.sleep(min(8.0, self.backoff * 2**attempt))
-        raise ClientError(f"{self.url} failed after {self.retries + 1} tries: {last}")
-
-    def close(self) -> None:
-        self.http.close()

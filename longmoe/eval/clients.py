@@ -80,7 +80,66 @@ class LocalClient:
         self.engine.close()
 
 
-class EndpointClient:
+class HTTPEndpoint:
+    """One route of an OpenAI-compatible server, shared by every endpoint client (completions, agent
+    turns, extraction): the URL and model checks, the bearer key, and ``post`` with retries of
+    transport errors, 429 and 5xx (exponential backoff, at most 8 s); any other status is returned
+    for the caller to judge. ``url`` may end in ``/v1`` or not."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        route: str,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ClientError(f"endpoint {url!r} is invalid: expected an http:// or https:// URL")
+        if not model:
+            raise ClientError("an endpoint needs --api-model (the model name the server expects)")
+        base = url.rstrip("/")
+        base = base[: -len("/v1")] if base.endswith("/v1") else base
+        self.url, self.model, self.name = f"{base}/v1/{route}", model, f"{model}@{base}"
+        self.retries, self.backoff = retries, backoff
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(timeout=timeout, headers=headers)
+
+    def post(self, body: dict[str, Any]) -> httpx.Response:
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                r = self.http.post(self.url, json=body)
+            except httpx.TransportError as e:  # connection refused/reset, timeout
+                last = e
+            else:
+                if r.status_code < 500 and r.status_code != 429:
+                    return r
+                last = ClientError(f"{self.url} answered HTTP {r.status_code}: {r.text[:200]}")
+            if attempt < self.retries:
+                time.sleep(min(8.0, self.backoff * 2**attempt))
+        raise ClientError(f"{self.url} failed after {self.retries + 1} tries: {last}")
+
+    def check_ok(self, r: httpx.Response) -> None:
+        if r.status_code != 200:
+            raise ClientError(f"{self.url} answered HTTP {r.status_code}: {r.text[:300]}")
+
+    def first_choice(self, r: httpx.Response) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(body, body["choices"][0])`` of a 200 response, or a ClientError naming the body."""
+        self.check_ok(r)
+        try:
+            body = r.json()
+            return body, body["choices"][0]
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise ClientError(f"{self.url} returned an unexpected body: {r.text[:300]}") from e
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class EndpointClient(HTTPEndpoint):
     """An OpenAI-compatible server (``/v1/completions`` or ``/v1/chat/completions``)."""
 
     def __init__(
@@ -95,17 +154,9 @@ class EndpointClient:
     ) -> None:
         if mode not in API_MODES:
             raise ClientError(f"api mode {mode!r} is invalid: expected one of {API_MODES}")
-        if not url.startswith(("http://", "https://")):
-            raise ClientError(f"endpoint {url!r} is invalid: expected an http:// or https:// URL")
-        if not model:
-            raise ClientError("an endpoint needs --api-model (the model name the server expects)")
-        base = url.rstrip("/")
-        base = base[: -len("/v1")] if base.endswith("/v1") else base
-        self.url = f"{base}/v1/{'completions' if mode == 'completions' else 'chat/completions'}"
-        self.name, self.model, self.mode = f"{model}@{base}", model, mode
-        self.retries, self.backoff = retries, backoff
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(timeout=timeout, headers=headers)
+        route = "completions" if mode == "completions" else "chat/completions"
+        super().__init__(url, model, route, api_key, timeout, retries, backoff)
+        self.mode = mode
 
     def _payload(self, prompt: str, max_tokens: int) -> dict[str, Any]:
         p: dict[str, Any] = {
@@ -121,33 +172,10 @@ class EndpointClient:
         return p
 
     def complete(self, prompt: str, max_tokens: int) -> Reply:
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            try:
-                r = self.http.post(self.url, json=self._payload(prompt, max_tokens))
-            except httpx.TransportError as e:  # connection refused/reset, timeout
-                last = e
-            else:
-                if r.status_code < 500 and r.status_code != 429:
-                    return self._parse(r)
-                last = ClientError(f"{self.url} answered HTTP {r.status_code}: {r.text[:200]}")
-            if attempt < self.retries:
-                time.sleep(min(8.0, self.backoff * 2**attempt))
-        raise ClientError(f"{self.url} failed after {self.retries + 1} tries: {last}")
-
-    def _parse(self, r: httpx.Response) -> Reply:
-        if r.status_code != 200:
-            raise ClientError(f"{self.url} answered HTTP {r.status_code}: {r.text[:300]}")
+        body, choice = self.first_choice(self.post(self._payload(prompt, max_tokens)))
         try:
-            body = r.json()
-            choice = body["choices"][0]
             text = choice["text"] if self.mode == "completions" else choice["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            raise ClientError(
-                f"{self.url} returned an unexpected body (no choices[0] text): {r.text[:300]}"
-            ) from e
+        except (KeyError, TypeError) as e:
+            raise ClientError(f"{self.url} returned an unexpected body (no choices[0] text): {body}") from e
         usage = body.get("usage") or {}
         return Reply(text or "", usage.get("prompt_tokens"), usage.get("completion_tokens"))
-
-    def close(self) -> None:
-        self.http.close()

@@ -21,6 +21,7 @@ import sys
 from longmoe.eval.clients import ClientError
 from longmoe.eval.extract import run_extract
 from longmoe.eval.extract_clients import INPUTS, EndpointExtractClient
+from longmoe.eval.extract_local import LocalExtractClient
 from longmoe.tasks import TaskError
 from longmoe.tasks.documents import FAMILIES, parse_families
 
@@ -65,8 +66,6 @@ def run_extract_cli(args: argparse.Namespace) -> int:
             )  # fmt: skip
             count = len
         else:
-            from longmoe.eval.extract_local import LocalExtractClient  # torch + model only when local
-
             client = LocalExtractClient(args.model, device=args.device, inputs=args.extract_input)
             count = client.count_tokens
     except (ClientError, FileNotFoundError, ValueError) as e:

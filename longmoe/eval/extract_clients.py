@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import base64
 import io
-import time
 from typing import Any
 
-import httpx
-
-from longmoe.eval.clients import ClientError, Reply
+from longmoe.eval.clients import ClientError, HTTPEndpoint, Reply
 from longmoe.tasks.documents import Document
 
 INPUTS = ("image", "text")
@@ -57,32 +54,17 @@ def chat_messages(doc: Document, inputs: str = "image") -> list[dict[str, Any]]:
     return [{"role": "user", "content": content}]
 
 
-class EndpointExtractClient:
+class EndpointExtractClient(HTTPEndpoint):
     """An OpenAI-compatible ``/v1/chat/completions`` that accepts image content parts."""
 
     def __init__(
-        self,
-        url: str,
-        model: str,
-        api_key: str | None = None,
-        inputs: str = "image",
-        timeout: float = 600.0,
-        retries: int = 3,
-        backoff: float = 0.5,
+        self, url: str, model: str, api_key: str | None = None, inputs: str = "image", **opts: Any
     ) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ClientError(f"endpoint {url!r} is invalid: expected an http:// or https:// URL")
-        if not model:
-            raise ClientError("an endpoint needs --api-model (the model name the server expects)")
         if inputs not in INPUTS:
             raise ClientError(f"inputs={inputs!r} is invalid: expected one of {INPUTS}")
-        base = url.rstrip("/")
-        base = base[: -len("/v1")] if base.endswith("/v1") else base
-        self.url, self.model, self.inputs = f"{base}/v1/chat/completions", model, inputs
-        self.name = f"{model}@{base}" + (" (text)" if inputs == "text" else "")
-        self.retries, self.backoff = retries, backoff
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(timeout=timeout, headers=headers)
+        super().__init__(url, model, "chat/completions", api_key, **opts)
+        self.inputs = inputs
+        self.name += " (text)" if inputs == "text" else ""
 
     def payload(self, doc: Document, max_tokens: int) -> dict[str, Any]:
         return {
@@ -96,31 +78,10 @@ class EndpointExtractClient:
         return [self._one(d, m) for d, m in zip(docs, max_tokens)]
 
     def _one(self, doc: Document, max_tokens: int) -> Reply:
-        body = self.payload(doc, max_tokens)
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            try:
-                r = self.http.post(self.url, json=body)
-            except httpx.TransportError as e:  # connection refused/reset, timeout
-                last = e
-            else:
-                if r.status_code == 200:
-                    return self._parse(r)
-                if r.status_code < 500 and r.status_code != 429:
-                    raise ClientError(f"{self.url} answered HTTP {r.status_code}: {r.text[:300]}")
-                last = ClientError(f"{self.url} answered HTTP {r.status_code}: {r.text[:200]}")
-            if attempt < self.retries:
-                time.sleep(min(8.0, self.backoff * 2**attempt))
-        raise ClientError(f"{self.url} failed after {self.retries + 1} tries: {last}")
-
-    def _parse(self, r: httpx.Response) -> Reply:
+        body, choice = self.first_choice(self.post(self.payload(doc, max_tokens)))
         try:
-            body = r.json()
-            text = body["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            raise ClientError(f"{self.url} returned an unexpected body: {r.text[:300]}") from e
+            text = choice["message"]["content"]
+        except (KeyError, TypeError) as e:
+            raise ClientError(f"{self.url} returned an unexpected body: {body}") from e
         usage = body.get("usage") or {}
         return Reply(text or "", usage.get("prompt_tokens"), usage.get("completion_tokens"))
-
-    def close(self) -> None:
-        self.http.close()
