@@ -10,11 +10,13 @@ import base64
 import httpx
 import openai
 import pytest
-from serveutil import served, wait_idle
+from serveutil import VISION, served, wait_idle
 from test_serve_images import encoded, png_bomb, uri
 
 from longmoe.data.images import decode_image, patchify
+from longmoe.eval.extract_clients import EndpointExtractClient
 from longmoe.serve.sampling import SamplingParams
+from longmoe.tasks.documents import held_out_seeds, render
 
 IMG = encoded("PNG", (24, 16), (10, 200, 40))  # 6 x 4 patches of 4 px
 PART = "messages.0.content.1.image_url"
@@ -164,3 +166,18 @@ def test_images_with_tools_and_response_format(server):
     r = post(url, ask(uri(IMG)), response_format={"type": "json_object"}, max_tokens=200)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"].startswith("{")
+
+
+def test_extract_eval_client_reads_documents_through_this_server(server):
+    """``longmoe eval --tasks extract --endpoint`` against longmoe's own server: the client's image
+    parts are accepted, and the prompt the server counted holds the whole page's image span."""
+    engine, url = server
+    doc = render("form_easy", held_out_seeds(1)[0])
+    client = EndpointExtractClient(url, "tiny")
+    try:
+        (reply,) = client.extract([doc], [8])
+    finally:
+        client.close()
+    w, h = doc.image.size
+    assert isinstance(reply.text, str) and reply.completion_tokens <= 8
+    assert reply.prompt_tokens > VISION.image_tokens(h, w)
