@@ -506,6 +506,8 @@ class Engine:
         speculator when there is a draft (its layers live in the same cache and must see the prompt too),
         else the compiled steps or the eager model (always for a chunk with images); image tokens banned."""
         if self.speculator is not None or self.compiled is None or image_embeds is not None:
+            if self.compiled is not None:  # a shape-static model writes latents into reserved room
+                cache.reserve(x.shape[1])
             logits = self._forward(x, cache, image_embeds)[:, -1]
         else:
             logits = self.compiled(x, cache)[:, -1]
