@@ -1,8 +1,10 @@
 """Byte-level BPE tokenizer (trained with the ``tokenizers`` library) plus longmoe's special tokens.
 
 Byte-level means every Unicode string maps to bytes first, so ``decode(encode(s)) == s`` holds for
-any input (no unknown token, no normalisation). Special tokens mark document boundaries, chat roles,
-tool calls/results and image spans; their ids are fixed (0..N-1) so a config can rely on them.
+any input (no unknown token, no normalisation). Digits are split one per token (as Llama and
+DeepSeek do), so a number is the same tokens in every context: models copy and compute on them.
+Special tokens mark document boundaries, chat roles, tool calls/results and image spans; their ids
+are fixed (0..N-1) so a config can rely on them.
 """
 
 from __future__ import annotations
@@ -74,7 +76,15 @@ class Tokenizer:
     @staticmethod
     def _blank() -> _HFTokenizer:
         tok = _HFTokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        # Digits first: every digit is its own pre-token, so "256" is the same three tokens in a story,
+        # in a JSON string and in a tool result. With merged digit runs the same number splits
+        # differently by context (" 2|5|6" vs "25|6"), and copying it is a learned translation.
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
         tok.decoder = decoders.ByteLevel()
         return tok
 

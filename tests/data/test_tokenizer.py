@@ -110,3 +110,17 @@ def test_unusable_tokenizer_files_raise_one_clear_error(tmp_path, name: str) -> 
         Tokenizer.from_file(tmp_path / name)
     assert str(tmp_path / name) in str(e.value) and "\n" not in str(e.value)
     assert isinstance(e.value, UserError)
+
+
+@pytest.mark.parametrize(
+    "context", ["holds {} jars", '{{"expression": "{} + 6"}}', "<|tool_result|>\n{}<|end|>", "x{}y", "({})"]
+)
+def test_a_number_is_the_same_digit_tokens_in_every_context(context: str) -> None:
+    """Copying a number (story -> tool call -> answer) must not need a context-dependent re-spelling."""
+    tok = tokenizer_for_tests()
+    digits = [tok.encode(d) for d in "0123456789"]
+    assert all(len(d) == 1 for d in digits)
+    for number in ("256", "1000", "90817"):
+        ids = tok.encode(context.format(number))
+        want = [digits[int(c)][0] for c in number]
+        assert any(ids[i : i + len(want)] == want for i in range(len(ids))), (context, number)
