@@ -41,15 +41,18 @@ _TEMPLATES = {
 class CalculatorConfig:
     """``horizon``: operations in the story (= calc calls the expert makes), 1..64;
     ``max_operand``: the largest number an operation uses (2..10**6);
+    ``max_start``: the largest starting stock (10..10**6; the start is drawn from 10..max_start);
     ``max_turns``: assistant turns before the episode is cut (0: ``2 * horizon + 4``)."""
 
     horizon: int = 2
     max_operand: int = 99
+    max_start: int = 999
     max_turns: int = 0
 
     def __post_init__(self) -> None:
         check_range("horizon", self.horizon, 1, MAX_HORIZON)
         check_range("max_operand", self.max_operand, 2, 10**6)
+        check_range("max_start", self.max_start, 10, 10**6)
         check_range("max_turns", self.max_turns, 0, 10_000)
 
 
@@ -108,7 +111,7 @@ class CalculatorEnv(ToolEnv):
         c = self.config
         rng = random.Random(f"longmoe-env:calculator:{c.horizon}:{c.max_operand}:{seed}")
         unit = f"{rng.choice(ADJECTIVES)} {rng.choice(_CONTAINERS)}"
-        start = rng.randint(10, 999)
+        start = rng.randint(10, c.max_start)
         self.ops, self.values = _draw_ops(rng, start, c.horizon, c.max_operand)
         story = [f"A depot in {rng.choice(PLACES)} holds {start} {unit}."]
         story += [rng.choice(_TEMPLATES[op]).format(n=n, unit=unit) for op, n in self.ops]

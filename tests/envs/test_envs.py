@@ -215,6 +215,18 @@ def test_calculator_state_counts_intermediate_results() -> None:
     assert env.state_key() == other.state_key() == "calculator:3:1"
 
 
+def test_calculator_max_start_bounds_the_starting_stock() -> None:
+    starts = set()
+    for seed in range(40):
+        env = make_env("calculator", horizon=3, max_start=30)
+        env.reset(seed)
+        starts.add(env.values[0])
+        assert play(make_env("calculator", horizon=3, max_start=30), seed).reward == 1.0
+    assert min(starts) >= 10 and max(starts) <= 30 and len(starts) > 5
+    with pytest.raises(EnvConfigError, match="max_start"):
+        make_env("calculator", max_start=5)
+
+
 def test_doclookup_long_trajectories() -> None:
     """Long pages and many hops: the expert's transcript holds horizon pages of page_chars each."""
     env = make_env("doclookup", horizon=16, page_chars=2000, pages_per_doc=3, distractors=8)
