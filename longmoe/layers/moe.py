@@ -195,6 +195,11 @@ class MoELayer(nn.Module):
         self.step_counts.zero_()
         self.step_entropy.zero_()
 
+    def discard_step_counts(self) -> None:
+        """A step that was not taken: forget its counts, leave the window and the bias as they are."""
+        self.step_counts.zero_()
+        self.step_entropy.zero_()
+
     def balance_metrics(self) -> dict:
         """``max_vio``, ``dead_experts`` (no tokens in the window), ``router_entropy`` (nats, of the last
         step), ``load`` (the windowed load normalised to sum 1) for the trainer's logs."""

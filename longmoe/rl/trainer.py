@@ -258,12 +258,15 @@ class RLTrainer:
                 # the reference (or KL is off). The gradient is then rounding noise (train- vs
                 # eval-mode arithmetic), which Adam would turn into a full-size step (m / (√v + ε)).
                 signal = any(bool(micro[k]["adv"][micro[k]["mask"]].any()) for k in part)
-                if signal or (cfg.kl_coef > 0 and mb_kl > NO_SIGNAL_KL):
+                # A skipped minibatch leaves the balancing bias alone too: moving it would change the
+                # routing (so the policy) with no signal, and the next minibatch would see a KL spike.
+                stepped = signal or (cfg.kl_coef > 0 and mb_kl > NO_SIGNAL_KL)
+                if stepped:
                     self.opt.step()
                 else:
                     skipped += 1
                 for layer in self.policy.moe_layers():
-                    layer.update_balance()
+                    layer.update_balance() if stepped else layer.discard_step_counts()
                 n_opt += 1
         self.policy.eval()
         if self.engine.prefix is not None:

@@ -108,11 +108,15 @@ class NoRewardEnv(FakeEnv):
 
 def test_no_signal_no_step(init_dir, tmp_path):
     """Every group's rewards equal and the policy at the reference: nothing to learn, so the weights
-    stay exactly as they were (Adam would otherwise take a full step on rounding noise)."""
-    cfg = config(init_dir, steps=1, minibatches=1)  # (a second minibatch would follow a bias move)
+    stay exactly as they were (Adam would otherwise take a full step on rounding noise), and so does
+    the balancing bias (moving it would change the routing with no signal)."""
+    cfg = config(init_dir, steps=1, minibatches=2)
     tr = RLTrainer(tmp_path / "run", cfg, env_factory=lambda h: NoRewardEnv(turns=2))
     before = {k: v.clone() for k, v in tr.policy.named_parameters()}
+    bias = [m.bias.clone() for m in tr.policy.moe_layers()]
     rec = tr.fit()
-    assert rec["skipped_updates"] == 1 and rec["adv_abs"] == 0.0
+    assert rec["skipped_updates"] == 2 and rec["adv_abs"] == 0.0
     for k, v in tr.policy.named_parameters():
         assert torch.equal(v, before[k]), k
+    for m, b in zip(tr.policy.moe_layers(), bias, strict=True):
+        assert torch.equal(m.bias, b)
