@@ -192,8 +192,7 @@ class MoELayer(nn.Module):
                 self.bias.copy_(balance.sign_update(self.bias, load, cfg.bias_step))
         if float(self.step_entropy[1]) > 0:
             self.last_entropy.fill_(float(self.step_entropy[0] / self.step_entropy[1]))
-        self.step_counts.zero_()
-        self.step_entropy.zero_()
+        self.discard_step_counts()
 
     def discard_step_counts(self) -> None:
         """A step that was not taken: forget its counts, leave the window and the bias as they are."""

@@ -266,7 +266,10 @@ class RLTrainer:
                 else:
                     skipped += 1
                 for layer in self.policy.moe_layers():
-                    layer.update_balance() if stepped else layer.discard_step_counts()
+                    if stepped:
+                        layer.update_balance()
+                    else:
+                        layer.discard_step_counts()
                 n_opt += 1
         self.policy.eval()
         if self.engine.prefix is not None:
