@@ -4,7 +4,8 @@ xgrammar compiles the grammar against longmoe's byte-level BPE vocabulary once (
 built from each id's raw bytes; special tokens and tokens with raw control bytes get no bytes, so
 xgrammar never allows them, except ``<|eos|>`` / ``<|end|>`` as stop tokens) and then, per request,
 a ``GrammarMatcher`` fills a token bitmask before every sampled token: tokens that cannot continue
-a valid document get ``-inf``.
+a valid document get ``-inf``. A ``Utf8Guard`` masks on top of it the bytes that would make the
+text ill-formed UTF-8 (xgrammar's string rule admits surrogates and overlong forms).
 The request stops (``"stop"``) as soon as the document is complete; ``max_tokens`` can still cut it
 (``"length"``: the JSON is then incomplete, as at OpenAI).
 
@@ -27,6 +28,9 @@ import xgrammar as xgr
 
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.serve.sampling import TokenConstraint
+from longmoe.serve.utf8 import ACCEPT as UTF8_ACCEPT
+from longmoe.serve.utf8 import INVALID as UTF8_INVALID
+from longmoe.serve.utf8 import Utf8Guard
 
 MAX_CACHED_GRAMMARS = 64
 
@@ -82,10 +86,11 @@ def grammar_vocab(tokenizer: Tokenizer) -> list[bytes]:
 class GrammarConstraint:
     """One request's grammar state: a ``TokenConstraint`` over a compiled grammar."""
 
-    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int) -> None:
+    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int, utf8: Utf8Guard) -> None:
         self.matcher = xgr.GrammarMatcher(compiled)
         self.vocab_size = vocab_size
         self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self.utf8, self.utf8_state = utf8, UTF8_ACCEPT
         self._done = False
 
     def mask(self, logits: torch.Tensor) -> None:
@@ -94,6 +99,7 @@ class GrammarConstraint:
             xgr.apply_token_bitmask_inplace(logits.view(1, -1), self.bitmask, vocab_size=self.vocab_size)
         else:  # any other device: unpack the bits with torch there (no xgrammar kernel needed)
             logits.masked_fill_(~self.allowed(logits.device), float("-inf"))
+        self.utf8.mask(logits, self.utf8_state)  # the grammar admits some ill-formed byte sequences
 
     def allowed(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """The bitmask last filled, as booleans ``[V]`` on ``device`` (bit ``i % 32`` of word ``i // 32``)."""
@@ -104,6 +110,9 @@ class GrammarConstraint:
     def accept(self, token: int) -> None:
         if not self.matcher.accept_token(token):
             raise RuntimeError(f"token {token} violates the grammar (the sampler ignored its mask)")
+        self.utf8_state = self.utf8.advance(self.utf8_state, token)
+        if self.utf8_state == UTF8_INVALID:
+            raise RuntimeError(f"token {token} is not well-formed UTF-8 here (the sampler ignored its mask)")
         # complete: the document is closed (the stop token was accepted, or nothing may follow)
         self._done = self.matcher.is_terminated() or self.matcher.is_completed()
 
@@ -117,10 +126,10 @@ class JsonGrammars:
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
         stops = [tokenizer.eos_id, tokenizer.end_id]
-        info = xgr.TokenizerInfo(
-            grammar_vocab(tokenizer), xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stops
-        )
+        vocab = grammar_vocab(tokenizer)
+        info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stops)
         self.vocab_size = vocab_size
+        self.utf8 = Utf8Guard(vocab)
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
@@ -154,4 +163,4 @@ class JsonGrammars:
     def constraint(self, fmt: JsonFormat) -> Callable[[], TokenConstraint]:
         """A factory of fresh per-request constraints (for ``SamplingParams.constraint``)."""
         compiled = self.compile(fmt)
-        return lambda: GrammarConstraint(compiled, self.vocab_size)
+        return lambda: GrammarConstraint(compiled, self.vocab_size, self.utf8)

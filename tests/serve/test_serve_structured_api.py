@@ -68,7 +68,7 @@ def test_completions_json_schema_extension(server):
 def test_completions_length_cut(server):
     body = {"model": "tiny", "prompt": "x", "max_tokens": 3, "temperature": 0, "response_format": FMT}
     c = httpx.post(server[1] + "/v1/completions", json=body, timeout=60).json()["choices"][0]
-    assert c["finish_reason"] == "length" and c["text"] == '{"name'
+    assert c["finish_reason"] == "length" and c["text"] and '{"name": '.startswith(c["text"])
 
 
 def test_grammar_cached_across_requests(server, client):

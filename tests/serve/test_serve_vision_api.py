@@ -155,7 +155,9 @@ def test_info_describes_the_vision_side(server):
 def test_images_with_tools_and_response_format(server):
     """Images and the other chat features compose: a forced tool call and a JSON object answer."""
     engine, url = server
-    params = {"type": "object", "properties": {"amount": {"type": "number"}}, "required": ["amount"]}
+    # a bounded integer: digits are one token each, so a free "number" can outrun max_tokens
+    amount = {"type": "integer", "minimum": 0, "maximum": 999}
+    params = {"type": "object", "properties": {"amount": amount}, "required": ["amount"]}
     tools = [{"type": "function", "function": {"name": "total", "parameters": params}}]
     r = post(url, ask(uri(IMG)), tools=tools, tool_choice="required", max_tokens=60)
     assert r.status_code == 200, r.text
