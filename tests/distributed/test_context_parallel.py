@@ -21,6 +21,14 @@ from tests.layerconfigs import small_cfg
 
 T = 21  # tokens per rank: not a multiple of the chunk size (8 below)
 TOL = dict(atol=2e-5, rtol=2e-5)
+# whole-model gradients sum over every layer in a rank-dependent order: float32 rounding reaches a few
+# 1e-5 on some CPUs (a wrong gradient is off by 1e-2 or more)
+MODEL_GRAD_TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tol: dict, what: str) -> None:
+    """``assert_close`` whose message keeps torch's mismatch report after ``what``."""
+    torch.testing.assert_close(got, want, **tol, msg=lambda report: f"{what}: {report}")
 
 
 def _cfg(**kw) -> ModelConfig:
@@ -102,7 +110,7 @@ def _layer_matches_one_process(rank: int, world: int, kind: str) -> None:
         torch.testing.assert_close(y, y_ref[:, part].detach(), **TOL, msg=msg)
         torch.testing.assert_close(xl.grad, xr.grad[:, part], **TOL, msg=msg)
         for name, gr in _grads_all_reduced(m).items():
-            torch.testing.assert_close(gr, ref.get_parameter(name).grad, **TOL, msg=f"{msg}: {name}")
+            _close(gr, ref.get_parameter(name).grad, TOL, f"{msg}: {name}")
 
 
 def test_kda_context_parallel_equals_one_process():
@@ -165,7 +173,7 @@ def _model_matches_one_process(rank: int, world: int) -> None:
         torch.testing.assert_close(logits, logits_ref[:, part].detach(), **TOL, msg=f"layout {cu}")
         for name, gr in _grads_all_reduced(model).items():
             want = _ref_grad(ref, name, gr, rank)
-            torch.testing.assert_close(gr, want, **TOL, msg=f"{cu}, ep={ep}: {name}")
+            _close(gr, want, MODEL_GRAD_TOL, f"{cu}, ep={ep}: {name}")
 
 
 def test_model_context_parallel_equals_one_process():
