@@ -73,19 +73,19 @@ class Utf8Guard:
     def __init__(self, vocab: list[bytes]) -> None:
         # next_state[s][i]: the state after token i from state s
         self.next_state = [[run(s, tok) for tok in vocab] for s in range(N_STATES)]
-        self._allowed = torch.tensor([[n != INVALID for n in row] for row in self.next_state])  # [S, V]
+        self._blocked = torch.tensor([[n == INVALID for n in row] for row in self.next_state])  # [S, V]
         self._on: dict[torch.device, torch.Tensor] = {}
 
-    def allowed(self, state: int, device: torch.device) -> torch.Tensor:
-        """Which tokens keep the text well-formed after ``state``: booleans ``[V]`` on ``device``."""
+    def blocked(self, state: int, device: torch.device) -> torch.Tensor:
+        """Which tokens would make the text ill-formed after ``state``: booleans ``[V]`` on ``device``."""
         if device not in self._on:
-            self._on[device] = self._allowed.to(device)
+            self._on[device] = self._blocked.to(device)
         return self._on[device][state]
 
     def mask(self, logits: torch.Tensor, state: int) -> None:
         """Sets the logits ``[V]`` of the tokens that would break UTF-8 after ``state`` to -inf."""
-        allowed = self.allowed(state, logits.device)
-        logits[..., : allowed.numel()].masked_fill_(~allowed, float("-inf"))
+        blocked = self.blocked(state, logits.device)
+        logits[..., : blocked.numel()].masked_fill_(blocked, float("-inf"))
 
     def advance(self, state: int, token: int) -> int:
         return self.next_state[state][token]
