@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import warnings
 from collections.abc import Callable
 
 MAX_EXPR_CHARS = 200
@@ -103,9 +104,11 @@ def evaluate(expr: str) -> Number:
     if not expr.strip():
         raise CalcError("the expression is empty")
     try:
-        tree = ast.parse(expr.strip(), mode="eval")
-    except SyntaxError as e:
-        raise CalcError(f"syntax error: {e.msg}") from None
+        with warnings.catch_warnings():  # "1and 2": CPython warns on stderr; to the model it is an error
+            warnings.simplefilter("error", SyntaxWarning)
+            tree = ast.parse(expr.strip(), mode="eval")
+    except (SyntaxError, SyntaxWarning) as e:
+        raise CalcError(f"syntax error: {getattr(e, 'msg', e)}") from None
     n = sum(1 for _ in ast.walk(tree))
     if n > MAX_NODES:
         raise CalcError(f"expression is too complex ({n} syntax nodes, at most {MAX_NODES})")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -106,3 +108,14 @@ def test_matches_integer_arithmetic(pair: tuple[str, int]) -> None:
     """Fully parenthesised + - * trees over small integers evaluate to their exact value."""
     expr, value = pair
     assert evaluate(expr) == value
+
+
+@pytest.mark.parametrize("expr", ["1and 2", "3if 1 else 2", "1__0"])
+def test_literal_glued_to_a_word_is_a_quiet_syntax_error(expr: str) -> None:
+    """CPython only warns on ``1and`` (a SyntaxWarning on stderr, once per rollout); the model gets
+    a syntax error and nothing is printed."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(CalcError, match="syntax error"):
+            evaluate(expr)
+    assert not caught, [str(w.message) for w in caught]
