@@ -53,7 +53,8 @@ def test_report_gain_only_where_sft_is_mid(tmp_path):
     data = write_report(cfg, tmp_path, evals)
     assert [g["horizon"] for g in data["gains"]] == [2]
     assert data["gains"][0]["gain"] == pytest.approx(0.15) and data["target_met"]
-    assert data["rl"]["sft+rl"]["steps"] == 2 and data["rl"]["sft+rl"]["kl_last5"] == pytest.approx(0.01)
+    assert data["rl"]["sft+rl"]["steps"] == 2 and data["rl"]["sft+rl"]["kl_last"] == pytest.approx(0.01)
+    assert data["rl"]["sft+rl"]["reward_first"] == pytest.approx(0.15)  # the mean of the (two) steps
     md = (tmp_path / "report.md").read_text()
     assert "Target met: **yes**" in md and "| sft+rl:no_kl |" in md
     assert (tmp_path / "success.png").exists() and (tmp_path / "report.json").exists()

@@ -15,6 +15,7 @@ from longmoe.train.plots import _plt, read_metrics
 MAIN = ("pretrained", "sft", "sft+rl")
 TARGET_GAIN = 0.10  # RL over SFT, absolute, at a horizon where SFT is in MID
 MID = (0.1, 0.9)
+SUMMARY_STEPS = 10  # RL steps averaged for the "first" and "last" columns of the ablation table
 
 
 def _pm(p: float, se: float) -> str:
@@ -28,18 +29,23 @@ def pooled(rows: list[dict[str, Any]]) -> tuple[float, float, int]:
     return p, math.sqrt(p * (1 - p) / max(n, 1)), n
 
 
-def rl_summary(run: Path) -> dict[str, Any]:
-    """The last few RL steps' mean KL, drift, reward, and the run's step count."""
+def rl_summary(run: Path, window: int = SUMMARY_STEPS) -> dict[str, Any]:
+    """Means over the first and the last ``window`` RL steps (one step's reward is 64 episodes: too
+    noisy to compare alone) and the run's step count."""
     recs = read_metrics(run) if run.exists() else []
-    tail = recs[-5:]
-    mean = lambda k: sum(r[k] for r in tail if k in r) / max(1, sum(k in r for r in tail))
+
+    def mean(part: list[dict[str, Any]], k: str) -> float:
+        vals = [r[k] for r in part if k in r]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    head, tail = recs[:window], recs[-window:]
     return {
         "steps": recs[-1]["step"] if recs else 0,
-        "reward_first": recs[0]["reward"] if recs else float("nan"),
-        "reward_last5": mean("reward"),
-        "kl_last5": mean("kl"),
-        "drift_changed_last5": mean("drift_changed_mean"),
-        "drift_load_tv_last5": mean("drift_load_tv_mean"),
+        "reward_first": mean(head, "reward"),
+        "reward_last": mean(tail, "reward"),
+        "kl_last": mean(tail, "kl"),
+        "drift_changed_last": mean(tail, "drift_changed_mean"),
+        "drift_load_tv_last": mean(tail, "drift_load_tv_mean"),
     }
 
 
@@ -105,15 +111,17 @@ def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]
     runs = {"sft+rl": root / "rl", **{f"sft+rl:{a}": root / f"rl_{a}" for a in cfg.ablations}}
     summaries = {k: rl_summary(v) for k, v in runs.items()}
     lines += ["## Ablations (each a full RL run from the same SFT model, one field changed)", ""]
-    lines += ["| run | held-out success (all) | RL reward first → last 5 | KL (last 5) | "
-              "drift: changed top-k | drift: load TV |", "|---|---|---|---|---|---|"]  # fmt: skip
+    w = SUMMARY_STEPS
+    lines += [f"| run | held-out success (all) | RL reward, first → last {w} steps | KL (last {w}) | "
+              f"drift: changed top-k (last {w}) | drift: load TV (last {w}) |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
     for name, s in summaries.items():
         if name not in evals:
             continue
         p, se, n = pooled(evals[name])
         lines.append(
-            f"| {name} | {_pm(p, se)} ({n}) | {s['reward_first']:.3f} → {s['reward_last5']:.3f} | "
-            f"{s['kl_last5']:.4f} | {s['drift_changed_last5']:.4f} | {s['drift_load_tv_last5']:.4f} |"
+            f"| {name} | {_pm(p, se)} ({n}) | {s['reward_first']:.3f} → {s['reward_last']:.3f} | "
+            f"{s['kl_last']:.4f} | {s['drift_changed_last']:.4f} | {s['drift_load_tv_last']:.4f} |"
         )
     lines += ["", "Curves: `rl/rl_curves.png` (reward, success, KL, drift, episode length); success vs "
               "horizon: `success.png`.", ""]  # fmt: skip
