@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from longmoe.train.plots import _plt, read_metrics
+from longmoe.plotting import pyplot
+from longmoe.train.plots import read_metrics
 
 PANELS = (
     ("reward", "reward (mean)"),
@@ -18,7 +19,7 @@ PANELS = (
 
 
 def plot_curves(recs: list[dict[str, Any]], out: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(12, 6))
     for ax, (key, title) in zip(axes.flat, PANELS, strict=True):
         pts = [(r["step"], r[key]) for r in recs if key in r]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.checkpoint import METRICS
+from longmoe.plotting import pyplot
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +44,8 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in read_metrics_lines(f)]
 
 
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_loss(recs: list[dict[str, Any]], out: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     tr = [r for r in recs if "loss" in r]
     ax.plot([r["tokens"] for r in tr], [r["ce_loss"] for r in tr], lw=0.8, alpha=0.7, label="train CE")
@@ -79,7 +71,7 @@ def plot_balance(recs: list[dict[str, Any]], out: Path) -> Path | None:
     tr = [r for r in recs if "max_vio" in r]
     if not tr:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     steps = [r["step"] for r in tr]
     for layer in range(len(tr[0]["max_vio"])):
@@ -109,7 +101,7 @@ def plot_drift(recs: list[dict[str, Any]], out: Path) -> Path | None:
     tr = [r for r in recs if "drift_changed" in r]
     if not tr:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     steps = [r["step"] for r in tr]
     for ax, key, label in (

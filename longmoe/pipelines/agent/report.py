@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.pipelines.agent.config import AgentRecipeConfig
-from longmoe.train.plots import _plt, read_metrics
+from longmoe.plotting import pyplot
+from longmoe.train.plots import read_metrics
 
 MAIN = ("pretrained", "sft", "sft+rl")
 TARGET_GAIN = 0.10  # RL over SFT, absolute, at a horizon where SFT is in MID
@@ -50,7 +51,7 @@ def rl_summary(run: Path, window: int = SUMMARY_STEPS) -> dict[str, Any]:
 
 
 def plot_success(evals: dict[str, list[dict]], out: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in [m for m in evals if m in MAIN or m.startswith("sft+rl:")]:
         rows = evals[name]
