@@ -1,4 +1,4 @@
-"""Context parallelism (design.md §1.1, §1.2, §5): one sequence split into contiguous parts over ranks.
+"""Context parallelism (docs/design.md §1.1, §1.2, §5): one sequence split into contiguous parts over ranks.
 
 Rank ``r`` of the ``P`` context-parallel ranks holds tokens ``[r·T, (r+1)·T)`` of a sequence of ``P·T``
 tokens. Everything per token (embeddings, norms, FFN/MoE, attention residuals, the head) runs locally;

@@ -1,4 +1,4 @@
-"""Expert parallelism (design.md §1.5, §5): the routed experts of every MoE layer sharded over ranks.
+"""Expert parallelism (docs/design.md §1.5, §5): the routed experts of every MoE layer sharded over ranks.
 
 ``apply_expert_parallel(model, ep_mesh)`` turns each ``MoELayer``'s ``w_in [E, ℓ, 2f]`` and
 ``w_out [E, f, ℓ]`` into ``DTensor`` parameters ``Shard(0)`` on the expert-parallel mesh (rank ``r`` keeps

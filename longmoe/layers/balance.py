@@ -1,4 +1,4 @@
-"""Expert-load balancers and balance metrics (design.md §1.5), as functions over the layer's buffers.
+"""Expert-load balancers and balance metrics (docs/design.md §1.5), as functions over the layer's buffers.
 
 Three interchangeable balancers; the first two are aux-loss-free (they move a selection bias after each
 optimizer step and never touch the gradient), the third is the classic auxiliary loss:

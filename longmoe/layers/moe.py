@@ -1,4 +1,4 @@
-"""Sparse MoE feed-forward with a latent expert space and aux-loss-free balancing (design.md §1.5).
+"""Sparse MoE feed-forward with a latent expert space and aux-loss-free balancing (docs/design.md §1.5).
 
     s  = sigmoid(x W_rᵀ)                         router in full width, [N, E] (backward: only s_S)
     S  = top-k(s + b)                            b: balancing bias buffer (selection only, no grad)

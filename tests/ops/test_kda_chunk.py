@@ -1,4 +1,4 @@
-"""Chunked KDA (ops/kda/chunk.py) against the token-by-token reference (ops/kda/naive.py), design.md §1.1."""
+"""Chunked KDA (ops/kda/chunk.py, docs/design.md §1.1) against the token-by-token loop (ops/kda/naive.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""KDA: the channel-wise gated delta rule (design.md §1.1) as CPU operators.
+"""KDA: the channel-wise gated delta rule (docs/design.md §1.1) as CPU operators.
 
 Per head, state ``S ∈ R^{K×V}``; for each token ``t``::
 

@@ -1,4 +1,4 @@
-"""Chunked KDA (design.md §1.1): the production path, chunks of ``C`` tokens with all intra-chunk work as
+"""Chunked KDA (docs/design.md §1.1): the production path, chunks of ``C`` tokens with all intra-chunk work as
 batched dense matrix products over every chunk of every head at once, and only the ``[K, V]``
 chunk-to-chunk state update in a Python loop. It computes what ``naive.kda_recurrent`` computes.
 

@@ -1,4 +1,4 @@
-"""Sparse MoE ops (design.md §1.5): routing (``route``), dropless expert dispatch (``dispatch``), the
+"""Sparse MoE ops (docs/design.md §1.5): routing (``route``), dropless expert dispatch (``dispatch``), the
 static-shape per-pair gather for decode (``gather``) and the dense every-expert reference (``naive``)."""
 
 from longmoe.ops.moe.dispatch import IMPLS, PAD_MULTIPLE, Layout, choose_tiers, dispatch_experts

@@ -1,4 +1,4 @@
-"""Dropless dispatch of the routed GLU experts (design.md §1.5) as a pure tensor function.
+"""Dropless dispatch of the routed GLU experts (docs/design.md §1.5) as a pure tensor function.
 
 ``dispatch_experts`` runs the selected GLU experts (``ops/glu.py``) for every (token, expert) pair the
 router chose (``ops/moe/route.py``), with no Python loop over experts and no dropped tokens.

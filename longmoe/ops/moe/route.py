@@ -1,4 +1,4 @@
-"""Sigmoid routing for the sparse MoE (design.md §1.5): which ``k`` experts each token goes to, and the
+"""Sigmoid routing for the sparse MoE (docs/design.md §1.5): which ``k`` experts each token goes to, and the
 combine weights.
 
 ``route`` selects on the *biased* scores ``sigmoid(logits) + bias`` (ties toward the lower expert index,
