@@ -1,4 +1,4 @@
-"""Shared benchmark plumbing: timing, the machine's GEMM roofline, results files, README tables.
+"""Shared benchmark plumbing: timing, the machine's GEMM roofline, provenance, results files and tables.
 
 Benchmarks report ratios against a peer measured in the same run (these machines are shared and
 noisy), so absolute seconds only matter relative to each other and to ``gemm_roofline``.
@@ -6,21 +6,27 @@ noisy), so absolute seconds only matter relative to each other and to ``gemm_roo
 
 from __future__ import annotations
 
+import datetime
 import json
 import platform
+import socket
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from bench.tables import table_sha256, write_all
 from longmoe.runtime import retain_freed_memory
 
 MALLOC_TUNED = retain_freed_memory()  # every benchmark, both peers: see longmoe/runtime.py
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+STARTED = time.perf_counter()  # a benchmark imports this module first: wall time counts from here
 
 
 def timeit(
@@ -67,6 +73,47 @@ def machine_info() -> dict:
     }
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> str | None:
+    """HEAD's short hash, ``+dirty`` when tracked files differ from it; None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def _program() -> str:
+    p = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
+    return f"python -m bench.{p.stem}" if p.parent.name == "bench" else str(p)
+
+
+def provenance() -> dict:
+    """Where a result came from: what ``longmoe report`` prints beside each number (longmoe/reportcard.py)."""
+    return {
+        "commit": _git_commit(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{socket.gethostname()}, {_cpu_model()}",
+        "threads": torch.get_num_threads(),
+        "command": " ".join([_program(), *sys.argv[1:]]),
+        "wall_s": round(time.perf_counter() - STARTED, 1),
+    }
+
+
 def markdown_table(header: list[str], rows: list[list[object]]) -> str:
     def fmt(x: object) -> str:
         if isinstance(x, float):
@@ -79,34 +126,25 @@ def markdown_table(header: list[str], rows: list[list[object]]) -> str:
 
 
 def write_results(name: str, payload: dict, table_md: str, *, update_readme: bool = True) -> Path:
-    """Write ``bench/results/<name>.json`` and ``<name>.md``; refresh the README section for ``name``.
+    """Write ``bench/results/<name>.json`` (with its provenance) and ``<name>.md``; refresh the tables.
 
-    The README holds one section per benchmark between ``<!-- bench:<name>:start -->`` and
-    ``<!-- bench:<name>:end -->`` markers; a missing section is appended inside the benchmarks block.
+    docs/benchmarks.md holds one section per benchmark between ``<!-- bench:<name>:start -->`` and
+    ``<!-- bench:<name>:end -->`` markers (a missing one is added); ``bench.tables`` rewrites every table
+    there and the README's headline table from the result files (``update_readme=False``: results only).
     """
     RESULTS.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": name, "machine": machine_info(), **payload}
+    payload = {
+        "benchmark": name,
+        "machine": machine_info(),
+        "provenance": provenance(),
+        "table_sha256": table_sha256(table_md),
+        **payload,
+    }
     out = RESULTS / f"{name}.json"
     out.write_text(json.dumps(payload, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(table_md + "\n")
     if update_readme:
-        _update_readme(name, table_md)
+        write_all(ROOT, add_bench=name)
     print(table_md)
     print(f"wrote {out.relative_to(ROOT)}")
     return out
-
-
-def _update_readme(name: str, table_md: str) -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
-    block = f"{start}\n{table_md}\n{end}"
-    if start in text and end in text:
-        pre, rest = text.split(start, 1)
-        _, post = rest.split(end, 1)
-        text = pre + block + post
-    elif "<!-- bench:end -->" in text:
-        text = text.replace("<!-- bench:end -->", f"{block}\n\n<!-- bench:end -->")
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    readme.write_text(text)

@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("longmoe.eval.cli", "long-context evaluation (niah, multihop, conflict, recall, ppl)"),
     "rl": ("longmoe.rl.cli", "agentic RL (rollouts through the engine, GiGPO-style advantages, PPO + KL)"),
     "convert": ("longmoe.interop.cli", "convert transformers Kimi-Linear checkpoints to longmoe and back"),
+    "report": ("longmoe.reportcard", "one report card (report.md) from every committed result JSON"),
 }
 
 

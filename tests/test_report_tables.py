@@ -1,0 +1,59 @@
+"""The README's and docs/benchmarks.md's tables, and docs/report.md, are what the scripts write from the
+committed result files: a number pasted or edited by hand, or a result file committed without its tables
+rewritten, fails here (fix: ``python -m bench.tables`` and ``longmoe report --out docs/report.md``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import tables
+from longmoe.errors import UserError
+from longmoe.reportcard import collect, default_dirs, render
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_and_benchmark_tables_match_the_committed_results():
+    assert tables.stale(ROOT) == [], "a table differs from its result file: run `python -m bench.tables`"
+
+
+def test_committed_report_card_matches_the_committed_results():
+    expected = render(collect(default_dirs(ROOT)), ROOT)
+    assert (ROOT / "docs" / "report.md").read_text() == expected, "run `longmoe report --out docs/report.md`"
+
+
+def test_every_marked_table_has_a_source():
+    srcs = tables.sources(ROOT)
+    for doc in tables.DOCS:
+        names = [m["name"] for m in tables.BLOCK.finditer((ROOT / doc).read_text())]
+        assert names and all(n in srcs for n in names), doc
+
+
+def test_an_edited_table_is_stale(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    edited = text.replace("<!-- headline:start -->\n", "<!-- headline:start -->\n| pasted | 1 |\n", 1)
+    assert tables.rewrite(edited, tables.sources(ROOT), "README.md") == text
+
+
+def test_a_table_unknown_to_the_script_is_an_error():
+    with pytest.raises(UserError, match="'nope' has no source"):
+        tables.rewrite("<!-- nope:start -->\nx\n<!-- nope:end -->\n", {}, "README.md")
+
+
+def test_a_bench_table_that_does_not_match_its_json_hash_is_an_error(tmp_path):
+    res = tmp_path / "bench" / "results"
+    res.mkdir(parents=True)
+    (res / "x.md").write_text("| a |\n|---|\n| 2 |\n")
+    (res / "x.json").write_text(json.dumps({"table_sha256": tables.table_sha256("| a |\n|---|\n| 1 |")}))
+    with pytest.raises(UserError, match="x.md: does not match"):
+        tables._bench_table("x", tmp_path)
+
+
+def test_a_new_benchmark_block_is_added_where_new_tables_go():
+    text = f"intro\n\n{tables.NEW_TABLES_HERE}\n\n## after\n"
+    out = tables.ensure_block(text, "bench:new", "")
+    assert out.index("<!-- bench:new:start -->") < out.index(tables.NEW_TABLES_HERE) < out.index("## after")
+    assert tables.ensure_block(out, "bench:new", "") == out

@@ -1,0 +1,100 @@
+"""The report card's collector and renderer on a temporary results folder (no torch, no repository)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from longmoe.reportcard import NOT_RECORDED, ReportError, collect, headline_table, provenance, render, run
+
+
+def _write(d: Path, name: str, payload: object) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"{name}.json"
+    p.write_text(payload if isinstance(payload, str) else json.dumps(payload))
+    return p
+
+
+QUANT = {
+    "variants": {
+        v: {"val_loss": {"4096": 6.3}, "weight_bytes": {"total": b}}
+        for v, b in (("fp32", 4 << 20), ("int4", 1 << 20))
+    }
+}
+
+
+def test_a_file_without_provenance_says_not_recorded_for_every_field(tmp_path):
+    _write(tmp_path, "quant", QUANT)
+    [r] = collect([tmp_path])
+    assert set(provenance(r.data).values()) == {NOT_RECORDED}
+    assert render([r], tmp_path).split("Provenance: ")[1].count(NOT_RECORDED) == 6
+
+
+def test_recorded_provenance_is_printed_and_old_machine_fields_are_read():
+    rec = {"commit": "abc123", "date": "2026-12-06 10:00 UTC", "machine": "h, cpu", "threads": 2}
+    p = provenance({"provenance": {**rec, "command": "python -m bench.quant", "wall_s": 61.4}})
+    assert p == {**rec, "threads": "2", "command": "python -m bench.quant", "wall_s": "61 s"}
+    old = provenance({"machine": {"cpu": "x86_64", "torch": "2.13.0", "threads": 1}})
+    assert (
+        old["machine"] == "x86_64, torch 2.13.0" and old["threads"] == "1" and old["commit"] == NOT_RECORDED
+    )
+
+
+def test_malformed_json_is_a_one_line_error_naming_the_file(tmp_path):
+    bad = _write(tmp_path, "broken", '{"rows": [1, 2,')
+    with pytest.raises(ReportError) as e:
+        collect([tmp_path])
+    msg = str(e.value)
+    assert str(bad) in msg and "not valid JSON" in msg and "\n" not in msg
+
+
+def test_a_json_that_is_not_an_object_is_an_error_naming_the_file(tmp_path):
+    bad = _write(tmp_path, "list", "[1, 2]")
+    with pytest.raises(ReportError, match=f"{bad}: expected a JSON object"):
+        collect([tmp_path])
+
+
+def test_a_missing_results_folder_is_an_error(tmp_path):
+    with pytest.raises(ReportError, match="no such results folder"):
+        collect([tmp_path / "nope"])
+
+
+def test_a_known_file_with_a_changed_layout_names_the_file(tmp_path):
+    p = _write(tmp_path, "quant", {"variants": {}})
+    with pytest.raises(ReportError, match=f"{p}: headline numbers not found"):
+        render(collect([tmp_path]), tmp_path)
+
+
+def test_headlines_carry_value_baseline_and_source(tmp_path):
+    _write(tmp_path, "quant", QUANT)
+    _write(tmp_path / "docs", "unknown_results", {"x": 1})
+    _write(tmp_path, "quant_quick", QUANT)
+    results = collect([tmp_path, tmp_path / "docs"])
+    assert [r.name for r in results] == ["quant", "quant_quick", "unknown"]
+    table = headline_table(results, tmp_path)
+    assert "1.00 MiB, loss 6.300" in table and "fp32 4.00 MiB" in table and "`quant.json`" in table
+    card = render(results, tmp_path)
+    assert "## unknown" in card and "No headline numbers defined" in card
+    assert "Smoke runs" in card and "## quant_quick" not in card
+
+
+def test_check_exits_1_when_the_report_is_stale_and_0_once_written(tmp_path, capsys):
+    _write(tmp_path / "r", "quant", QUANT)
+    out = tmp_path / "report.md"
+    args = argparse.Namespace(results=[tmp_path / "r"], out=out, check=True)
+    assert run(args) == 1
+    assert run(argparse.Namespace(results=[tmp_path / "r"], out=out, check=False)) == 0
+    assert run(args) == 0
+
+
+def test_the_report_card_imports_no_torch():
+    code = "import sys, longmoe.reportcard; sys.exit('torch' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent).returncode
+        == 0
+    )
