@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("longmoe.serve.cli_generate", "generate text from a prompt, streamed to the terminal"),
     "chat": ("longmoe.serve.cli_chat", "interactive chat REPL using the tokenizer's chat template"),
     "serve": ("longmoe.serve.cli_serve", "OpenAI-compatible HTTP server"),
-    "eval": ("longmoe.eval.cli", "long-context evaluation (niah, multihop, conflict, recall, ppl)"),
+    "eval": ("longmoe.eval.cli", "evaluation: long-context tasks and ppl, agent episodes, extraction"),
     "rl": ("longmoe.rl.cli", "agentic RL (rollouts through the engine, GiGPO-style advantages, PPO + KL)"),
     "convert": ("longmoe.interop.cli", "convert transformers Kimi-Linear checkpoints to longmoe and back"),
 }

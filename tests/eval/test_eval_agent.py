@@ -20,15 +20,15 @@ from longmoe.config import preset
 from longmoe.data.chat import AssistantTurn, ToolCall
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.envs import HELD_OUT_SEED_BASE, make_env
-from longmoe.eval.agent import (
+from longmoe.eval.agent.harness import (
     EpisodeResult,
     held_out_seeds,
     markdown_agent,
     run_agent_eval,
     summarize,
 )
-from longmoe.eval.agent_clients import AgentReply, ContextOverflow, EndpointAgent, turn_from_message
-from longmoe.eval.agent_local import episode_result
+from longmoe.eval.agent.local import episode_result
+from longmoe.eval.agent.policies import AgentReply, ContextOverflow, EndpointAgent, turn_from_message
 from longmoe.eval.plots import plot_run
 from longmoe.model import LongMoE
 from longmoe.serve.api import create_app, serve_in_thread

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from longmoe.eval.extract import flatten, parse_answer
+from longmoe.eval.extract.harness import flatten, parse_answer
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig
 from longmoe.pipelines.vision_extract.result import VisionExtractResult
 
