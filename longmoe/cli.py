@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "longmoe.pipelines.demo.cli",
         "end-to-end demo: tokenizer, curriculum pretraining, eval, report",
     ),
+    "recipe": ("longmoe.pipelines.recipe", "run a recipe (end-to-end pipeline): longmoe recipe --list"),
     "generate": ("longmoe.serve.cli_generate", "generate text from a prompt, streamed to the terminal"),
     "chat": ("longmoe.serve.cli_chat", "interactive chat REPL using the tokenizer's chat template"),
     "serve": ("longmoe.serve.cli_serve", "OpenAI-compatible HTTP server"),
