@@ -229,6 +229,21 @@ def test_cli_expert_reference(tmp_path, capsys):
     assert "exactly one of --model DIR, --endpoint URL or --expert" in capsys.readouterr().err
 
 
+def test_subcommand_and_flat_form_give_the_same_episodes(tmp_path):
+    """`longmoe eval agent ...` (the new way) and `longmoe eval --tasks agent ...` run the same eval."""
+    opts = ["--expert", "--envs", "calculator", "--horizons", "1", "--n", "2", "--no-progress", "--no-plots"]
+    assert main(["eval", "agent", *opts, "--out", str(tmp_path / "sub")]) == 0
+    assert main(["eval", "--tasks", "agent", *opts, "--out", str(tmp_path / "flat")]) == 0
+    sub, flat = (json.loads((tmp_path / d / "agent_summary.json").read_text()) for d in ("sub", "flat"))
+    assert sub == flat
+
+
+def test_eval_subcommand_errors_are_one_line(capsys):
+    assert main(["eval", "extract", "--n", "0", "--endpoint", "http://127.0.0.1:9", "--api-model", "m"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("longmoe eval: error: --n 0 is invalid")
+
+
 def test_trajectory_to_episode_result():
     """A rollout's trajectory maps to the eval record: tokens = trajectory length, generated =
     policy tokens; cut by the context (no env info) is overflow, the env's turn limit truncation."""
