@@ -1,10 +1,11 @@
-"""Plots of eval results (matplotlib, Agg backend: files only, no display needed).
+"""Plots of eval results (``longmoe.plotting.pyplot``: Agg, files only, matplotlib imported lazily).
 
 - ``heatmap``: accuracy of one task by length (x) and needle depth (y).
 - ``accuracy_vs_length``: one panel per task, one line per run (compare models or layer patterns).
 - ``ppl_curve``: loss by position for one or more runs, with the training window marked.
 - ``success_by_horizon``: agent episode success (± standard error) by horizon, one panel per
-  environment, one line per run (compare models, or pretrained / SFT / RL).
+  environment, one line per run (compare models, or pretrained / SFT / RL: the agent recipe's
+  report draws its ``success.png`` with it too).
 ``plot_run(OUT)`` draws all that a run directory holds (``summary.json``, ``ppl.json``,
 ``agent_summary.json``).
 """
@@ -16,10 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from longmoe.plotting import pyplot
 
 
 def _len_label(n: int) -> str:
@@ -37,6 +35,7 @@ def heatmap(
     grid = [[math.nan] * len(lengths) for _ in depths]
     for c in cells:
         grid[depths.index(c["depth"])][lengths.index(c["length"])] = c[metric]
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 1.0 + 0.5 * len(depths)))
     im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto", origin="upper")
     ax.set_xticks(range(len(lengths)), [_len_label(n) for n in lengths])
@@ -66,6 +65,7 @@ def accuracy_vs_length(
     tasks = sorted({r["task"] for s in runs.values() for r in s["by_length"]})
     if not tasks:
         raise ValueError("no results to plot")
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks), 3.0), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         for label, s in runs.items():
@@ -89,6 +89,7 @@ def accuracy_vs_length(
 
 def ppl_curve(runs: dict[str, dict[str, Any]], path: str | Path) -> Path:
     """``runs``: label -> ``ppl_by_position`` result."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     window = None
     for label, res in runs.items():
@@ -104,23 +105,32 @@ def ppl_curve(runs: dict[str, dict[str, Any]], path: str | Path) -> Path:
     return _save(fig, path)
 
 
-def success_by_horizon(runs: dict[str, dict[str, Any]], path: str | Path) -> Path:
-    """``runs``: label -> agent summary (``by_horizon`` rows). Error bars: one standard error."""
-    envs = sorted({r["env"] for s in runs.values() for r in s["by_horizon"]})
+def success_by_horizon(
+    runs: dict[str, list[dict[str, Any]]],
+    path: str | Path,
+    dashed: frozenset[str] | set[str] = frozenset(),
+    xlabel: str = "horizon",
+) -> Path:
+    """``runs``: label -> an agent summary's ``by_horizon`` rows (env, horizon, success, se); one
+    panel per environment, one line per run, error bars of one standard error. Runs in ``dashed``
+    are drawn dotted (secondary lines, e.g. ablations next to the main models)."""
+    envs = sorted({r["env"] for rows in runs.values() for r in rows})
     if not envs:
         raise ValueError("no agent results to plot")
-    fig, axes = plt.subplots(1, len(envs), figsize=(3.4 * len(envs), 3.0), squeeze=False)
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(envs), figsize=(max(4.5, 3.4 * len(envs)), 3.4), squeeze=False)
     for ax, env in zip(axes[0], envs):
-        for label, s in runs.items():
-            rows = sorted((r["horizon"], r["success"], r["se"]) for r in s["by_horizon"] if r["env"] == env)
-            if rows:
-                xs, ys, es = zip(*rows)
-                ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label)
-        hs = sorted({r["horizon"] for s in runs.values() for r in s["by_horizon"] if r["env"] == env})
+        for label, rows in runs.items():
+            pts = sorted((r["horizon"], r["success"], r["se"]) for r in rows if r["env"] == env)
+            if pts:
+                xs, ys, es = zip(*pts)
+                style = ":" if label in dashed else "-"
+                ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label, linestyle=style)
+        hs = sorted({r["horizon"] for rows in runs.values() for r in rows if r["env"] == env})
         ax.set_xticks(hs)
         ax.set_ylim(-0.05, 1.05)
         ax.set_title(env)
-        ax.set_xlabel("horizon")
+        ax.set_xlabel(xlabel)
     axes[0][0].set_ylabel("episode success")
     axes[0][-1].legend(fontsize=8)
     return _save(fig, path)
@@ -131,7 +141,7 @@ def _save(fig: Any, path: str | Path) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(p, dpi=110)
-    plt.close(fig)
+    pyplot().close(fig)
     return p
 
 
@@ -150,7 +160,7 @@ def plot_run(out_dir: str | Path, metric: str = "all") -> list[Path]:
             )
     a_file = out / "agent_summary.json"
     if a_file.is_file():
-        agent = {out.name: json.loads(a_file.read_text())}
+        agent = {out.name: json.loads(a_file.read_text())["by_horizon"]}
         written.append(success_by_horizon(agent, out / "plots" / "agent_success_by_horizon.png"))
     if p_file.is_file():
         written.append(

@@ -20,15 +20,15 @@ from longmoe.config import preset
 from longmoe.data.chat import AssistantTurn, ToolCall
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.envs import HELD_OUT_SEED_BASE, make_env
-from longmoe.eval.agent import (
+from longmoe.eval.agent.harness import (
     EpisodeResult,
     held_out_seeds,
     markdown_agent,
     run_agent_eval,
     summarize,
 )
-from longmoe.eval.agent_clients import AgentReply, ContextOverflow, EndpointAgent, turn_from_message
-from longmoe.eval.agent_local import episode_result
+from longmoe.eval.agent.local import episode_result
+from longmoe.eval.agent.policies import AgentReply, ContextOverflow, EndpointAgent, turn_from_message
 from longmoe.eval.plots import plot_run
 from longmoe.model import LongMoE
 from longmoe.serve.api import create_app, serve_in_thread
@@ -227,6 +227,21 @@ def test_cli_expert_reference(tmp_path, capsys):
     assert short["horizon"] == 1 and long["horizon"] == 3 and long["tokens"] > short["tokens"] > 0
     assert main([*argv, "--model", "x", "--out", str(out)]) == 2
     assert "exactly one of --model DIR, --endpoint URL or --expert" in capsys.readouterr().err
+
+
+def test_subcommand_and_flat_form_give_the_same_episodes(tmp_path):
+    """`longmoe eval agent ...` (the new way) and `longmoe eval --tasks agent ...` run the same eval."""
+    opts = ["--expert", "--envs", "calculator", "--horizons", "1", "--n", "2", "--no-progress", "--no-plots"]
+    assert main(["eval", "agent", *opts, "--out", str(tmp_path / "sub")]) == 0
+    assert main(["eval", "--tasks", "agent", *opts, "--out", str(tmp_path / "flat")]) == 0
+    sub, flat = (json.loads((tmp_path / d / "agent_summary.json").read_text()) for d in ("sub", "flat"))
+    assert sub == flat
+
+
+def test_eval_subcommand_errors_are_one_line(capsys):
+    assert main(["eval", "extract", "--n", "0", "--endpoint", "http://127.0.0.1:9", "--api-model", "m"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("longmoe eval: error: --n 0 is invalid")
 
 
 def test_trajectory_to_episode_result():

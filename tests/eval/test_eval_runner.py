@@ -10,8 +10,8 @@ import pytest
 
 from longmoe.cli import main
 from longmoe.data.tokenizer import tokenizer_for_tests
-from longmoe.eval import runner
 from longmoe.eval.clients import ClientError, EndpointClient, Reply
+from longmoe.eval.longctx import runner
 from longmoe.eval.plots import plot_run
 from longmoe.tasks import TaskError
 

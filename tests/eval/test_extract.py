@@ -16,8 +16,8 @@ from PIL import Image
 
 from longmoe.cli import main
 from longmoe.eval.clients import ClientError
-from longmoe.eval.extract import flatten, micro_prf, parse_answer, score_answer, summarize
-from longmoe.eval.extract_clients import EndpointExtractClient, chat_messages, png_data_uri
+from longmoe.eval.extract.clients import EndpointExtractClient, chat_messages, png_data_uri
+from longmoe.eval.extract.harness import flatten, micro_prf, parse_answer, score_answer, summarize
 from longmoe.tasks.documents import held_out_seeds, render
 
 GOLD = {"id": "A1B", "items": [{"name": "x", "price": "1.50"}], "total": "1.50"}

@@ -69,7 +69,7 @@ def test_evaluate_stage_scores_like_longmoe_eval_and_is_cached(tmp_path):
 
     from longmoe.config import preset
     from longmoe.data.tokenizer import tokenizer_for_tests
-    from longmoe.eval.agent import EPISODES_FILE
+    from longmoe.eval.agent.harness import EPISODES_FILE
     from longmoe.model import LongMoE
     from longmoe.pipelines.agent.run import EVALS, evaluate
 

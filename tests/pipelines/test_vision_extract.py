@@ -11,7 +11,7 @@ import torch
 
 from longmoe.cli import main as cli_main
 from longmoe.config import IGNORE_INDEX
-from longmoe.eval.extract_local import prompt_ids
+from longmoe.eval.extract.local import prompt_ids
 from longmoe.pipelines.vision_extract.__main__ import main
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig, quick
 from longmoe.pipelines.vision_extract.data import char_tokenizer, make_rows, train_batch, train_seed

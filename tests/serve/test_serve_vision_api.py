@@ -14,7 +14,7 @@ from serveutil import VISION, served, wait_idle
 from test_serve_images import encoded, png_bomb, uri
 
 from longmoe.data.images import decode_image, patchify
-from longmoe.eval.extract_clients import EndpointExtractClient
+from longmoe.eval.extract.clients import EndpointExtractClient
 from longmoe.serve.sampling import SamplingParams
 from longmoe.tasks.documents import held_out_seeds, render
 

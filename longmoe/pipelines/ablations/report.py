@@ -11,6 +11,7 @@ from pathlib import Path
 from longmoe.pipelines.ablations.config import ARMS, DEPTHS, AblationConfig
 from longmoe.pipelines.ablations.probes import FP32_EXP_LIMIT
 from longmoe.pipelines.ablations.result import Check, RunResult, mean_se, paired_diff
+from longmoe.plotting import pyplot
 
 REPORT_MD = "report.md"
 RESULTS_JSON = "results.json"
@@ -170,10 +171,7 @@ def balance_section(arms: dict[str, list[RunResult]]) -> tuple[str, list[Check]]
 
 # ---------------------------------------------------------------------- figures
 def plot_figures(results: list[RunResult], fig_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -231,7 +229,7 @@ def plot_figures(results: list[RunResult], fig_dir: Path) -> list[Path]:
 def _save(fig: object, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     plt.close(fig)
     return path

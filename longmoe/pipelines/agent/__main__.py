@@ -1,4 +1,5 @@
-"""``python -m longmoe.pipelines.agent [--quick] [--run-dir DIR]``: run (or resume) the agent recipe."""
+"""``longmoe recipe agent [--quick] [--out DIR]`` (or ``python -m longmoe.pipelines.agent``): run (or
+resume) the agent recipe: pretrain -> SFT -> RL, held-out success by horizon, report."""
 
 from __future__ import annotations
 
@@ -7,25 +8,40 @@ import logging
 
 from longmoe.pipelines.agent.config import AgentRecipeConfig
 from longmoe.pipelines.agent.run import report_so_far, run_recipe
+from longmoe.pipelines.recipe import add_common_arguments, config_error
+from longmoe.pipelines.recipe import main as recipe_main
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="a smoke test of every stage (about two minutes)")
-    ap.add_argument("--run-dir", help="output directory (default runs/agent, runs/agent-quick with --quick)")
-    ap.add_argument(
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common_arguments(
+        p,
+        None,
+        quick="a smoke test of every stage (about two minutes)",
+        aliases=("--run-dir",),
+        out_help="output directory (default runs/agent, runs/agent-quick with --quick)",
+    )
+    p.add_argument(
         "--report-only", action="store_true", help="write the report from the evaluations done so far"
     )
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    cfg = AgentRecipeConfig.quick() if args.quick else AgentRecipeConfig()
-    if args.run_dir:
-        cfg.run_dir = args.run_dir
+    try:
+        cfg = AgentRecipeConfig.quick() if args.quick else AgentRecipeConfig()
+    except ValueError as e:
+        raise config_error(e) from e
+    if args.out is not None:
+        cfg.run_dir = str(args.out)
     if args.report_only:
         report_so_far(cfg)
     else:
         run_recipe(cfg)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return recipe_main("agent", argv)
 
 
 if __name__ == "__main__":

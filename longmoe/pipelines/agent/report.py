@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from longmoe.eval.plots import success_by_horizon
 from longmoe.pipelines.agent.config import AgentRecipeConfig
-from longmoe.plotting import pyplot
 from longmoe.train.plots import read_metrics
 
 MAIN = ("pretrained", "sft", "sft+rl")
@@ -51,21 +51,10 @@ def rl_summary(run: Path, window: int = SUMMARY_STEPS) -> dict[str, Any]:
 
 
 def plot_success(evals: dict[str, list[dict]], out: Path) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name in [m for m in evals if m in MAIN or m.startswith("sft+rl:")]:
-        rows = evals[name]
-        h = [r["horizon"] for r in rows]
-        ax.errorbar(h, [r["success"] for r in rows], yerr=[r["se"] for r in rows], marker="o",
-                    capsize=3, label=name, linestyle="-" if name in MAIN else ":")  # fmt: skip
-    ax.set_xlabel("required tool calls (horizon)")
-    ax.set_ylabel("held-out success")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    """The main models (solid) and the RL ablations (dotted), drawn by the evaluation's own plot."""
+    shown = {m: rows for m, rows in evals.items() if m in MAIN or m.startswith("sft+rl:")}
+    ablations = {m for m in shown if m not in MAIN}
+    return success_by_horizon(shown, out, dashed=ablations, xlabel="required tool calls (horizon)")
 
 
 def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]]) -> dict[str, Any]:

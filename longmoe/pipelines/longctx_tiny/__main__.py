@@ -14,17 +14,19 @@ import torch
 
 from longmoe.pipelines.longctx_tiny.config import CONFIG_FILE, RecipeConfig
 from longmoe.pipelines.longctx_tiny.run import load_tokenizer, run_recipe
+from longmoe.pipelines.recipe import add_common_arguments, config_error, recipe_parser
+from longmoe.pipelines.recipe import main as recipe_main
 from longmoe.runtime import retain_freed_memory
 
 MODULE = "longmoe.pipelines.longctx_tiny"
+QUICK = {"tokens": 8192, "eval_n": 1, "eval_multiples": [1, 2]}  # --quick: a smoke run of the recipe
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common_arguments(p, "runs/longctx_tiny", quick=f"a smoke run (overrides {QUICK})")
     p.add_argument(
         "--config", type=Path, default=CONFIG_FILE, help="recipe settings (default: config.json here)"
     )
-    p.add_argument("--out", type=Path, default=Path("runs/longctx_tiny"), help="output directory")
     p.add_argument("--tokens", type=int, help="training tokens per pattern (overrides the config)")
     p.add_argument("--window", type=int, help="training window in tokens (overrides the config)")
     p.add_argument("--patterns", help="comma-separated layer patterns, e.g. L,M,LLLM (overrides the config)")
@@ -41,11 +43,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--skip-eval", action="store_true", help="train only")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return recipe_parser("longctx_tiny").parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        raise config_error(ValueError(f"--jobs={args.jobs}: expected an integer >= 1"))
+    if args.quick:  # the smoke sizes, under any explicit override
+        for k, v in QUICK.items():
+            if getattr(args, k) is None:
+                setattr(args, k, ",".join(map(str, v)) if isinstance(v, list) else v)
     retain_freed_memory()  # big logits/gradient blocks reuse heap memory instead of page-faulting
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -58,12 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             patterns=args.patterns.split(",") if args.patterns else None,
             eval_multiples=[int(x) for x in args.eval_multiples.split(",")] if args.eval_multiples else None,
         )
-    except (ValueError, FileNotFoundError) as e:
-        print(f"longctx_tiny: error: {e}", file=sys.stderr)
-        return 2
-    if args.jobs < 1:
-        print(f"longctx_tiny: error: --jobs={args.jobs}: expected an integer >= 1", file=sys.stderr)
-        return 2
+    except ValueError as e:
+        raise config_error(e) from e
     args.out.mkdir(parents=True, exist_ok=True)
     load_tokenizer(rc, args.out)  # once, before the children that share it start
     if args.jobs > 1 and len(rc.patterns) > 1:
@@ -73,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         # every pattern is now trained and evaluated: the run below only loads results and reports
     run_recipe(rc, args.out, progress=not args.no_progress, skip_eval=args.skip_eval)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return recipe_main("longctx_tiny", argv)
 
 
 def pattern_command(args: argparse.Namespace, pattern: str, threads: int) -> list[str]:

@@ -1,7 +1,7 @@
 """What the ablation measured, per pattern and overall.
 
 ``TrainResult`` is a pattern's ``recipe_done.json`` (field order = key order), ``EvalResult`` its
-evaluation (the task grid summary of ``longmoe.eval.runner``, the loss by position of
+evaluation (the task grid summary of ``longmoe.eval.longctx.runner``, the loss by position of
 ``longmoe.eval.ppl``, answer losses, the generated answers), ``Check`` one expected outcome with its
 verdict, and ``RecipeResult`` all of it; ``RecipeResult.to_dict()`` is ``results.json``.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from longmoe.pipelines.longctx_tiny.config import RecipeConfig
 
-# one row of ``longmoe.eval.runner.summarize``: task, length (, variant), n and the mean of each metric
+# one row of ``longmoe.eval.longctx.runner.summarize``: task, length (, variant), n and each metric's mean
 SummaryRow = dict[str, Any]
 
 

@@ -20,8 +20,8 @@ from longmoe.config import ModelConfig, preset
 from longmoe.data.mix import SYNTHETIC_TASKS
 from longmoe.data.stages import CurriculumStage
 from longmoe.data.tokenizer import TOKENIZER_FILE, Tokenizer
-from longmoe.eval import runner
 from longmoe.eval.clients import LocalClient
+from longmoe.eval.longctx import runner
 from longmoe.eval.plots import plot_run
 from longmoe.eval.ppl import answer_loss, ppl_by_position
 from longmoe.model import LongMoE

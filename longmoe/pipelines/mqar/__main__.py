@@ -9,21 +9,19 @@ cell of the config at every learning rate, keeping the best; each finished run i
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from longmoe.pipelines.mqar.config import CONFIG_FILE, SweepConfig
 from longmoe.pipelines.mqar.run import run_sweep
+from longmoe.pipelines.recipe import add_common_arguments, config_error, recipe_parser
+from longmoe.pipelines.recipe import main as recipe_main
 
-MODULE = "longmoe.pipelines.mqar"
 
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common_arguments(p, "runs/mqar", quick="a smoke run: 2 patterns, 1 lr, 1 seed, 30 steps")
     p.add_argument(
         "--config", type=Path, default=CONFIG_FILE, help="sweep settings (default: config.json here)"
     )
-    p.add_argument("--out", type=Path, default=Path("runs/mqar"), help="output directory (default runs/mqar)")
     p.add_argument(
         "--patterns", help="comma-separated layer patterns, e.g. L,M,LLLM,LM (overrides the config)"
     )
@@ -34,8 +32,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="step budget per run (overrides the config)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (default 1)")
     p.add_argument("--report-only", action="store_true", help="no training: report the runs stored so far")
-    p.add_argument("--quick", action="store_true", help="a smoke run: 2 patterns, 1 lr, 1 seed, 30 steps")
-    return p.parse_args(argv)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return recipe_parser("mqar").parse_args(argv)
 
 
 def _ints(s: str) -> list[int]:
@@ -60,19 +60,21 @@ def load_config(args: argparse.Namespace) -> SweepConfig:
     return SweepConfig.from_dict(d)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> int:
     try:
         rc = load_config(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"mqar: error: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:
+        raise config_error(e) from e
     result = run_sweep(
         rc, args.out, jobs=max(1, args.jobs), require_sanity=not args.quick, train=not args.report_only
     )
     if args.report_only:
         return 0
     return 0 if result.sanity is not None and (result.sanity.solved or args.quick) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return recipe_main("mqar", argv)
 
 
 if __name__ == "__main__":

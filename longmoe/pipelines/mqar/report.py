@@ -9,14 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from longmoe.pipelines.mqar.checks import answers, se  # noqa: E402
-from longmoe.pipelines.mqar.config import SweepConfig  # noqa: E402
-from longmoe.pipelines.mqar.result import RunResult, SweepResult  # noqa: E402
+from longmoe.pipelines.mqar.checks import answers, se
+from longmoe.pipelines.mqar.config import SweepConfig
+from longmoe.pipelines.mqar.result import RunResult, SweepResult
+from longmoe.plotting import pyplot
 
 REPORT_MD = "report.md"
 RESULTS_JSON = "results.json"
@@ -82,6 +78,7 @@ def _mean_by(best: list[RunResult], key, value) -> dict[str, dict[int, float]]: 
 def render_plots(rc: SweepConfig, best: list[RunResult], out: Path) -> list[Path]:
     """Accuracy vs pairs (at the training length) and vs length (largest pair count), per pattern."""
     out.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for lab, pts in _mean_by(best, lambda r: r.cell.n_pairs, lambda r: r.acc(rc.train_len)).items():
         ax.plot(list(pts), list(pts.values()), marker="o", label=lab)

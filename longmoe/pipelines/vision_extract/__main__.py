@@ -8,21 +8,19 @@ runs the interleaved-pretraining check, and writes ``OUT/report.md``, ``OUT/resu
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from longmoe.pipelines.recipe import add_common_arguments, config_error, recipe_parser
+from longmoe.pipelines.recipe import main as recipe_main
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig, quick
-from longmoe.pipelines.vision_extract.run import run
-
-MODULE = "longmoe.pipelines.vision_extract"
+from longmoe.pipelines.vision_extract.run import run as run_recipe
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common_arguments(p, "runs/vision_extract", quick="a smoke run of seconds (a 32-wide model, 6 steps)")
     p.add_argument(
         "--config", type=Path, help="a JSON file of VisionExtractConfig fields (default: built in)"
     )
-    p.add_argument("--out", type=Path, default=Path("runs/vision_extract"), help="output directory")
     p.add_argument("--steps", type=int, help="training steps of the extractor and the control")
     p.add_argument("--threads", type=int, help="torch CPU threads (default from the config: 2)")
     p.add_argument(
@@ -30,8 +28,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-control", action="store_true", help="skip the text-only control")
     p.add_argument("--control-steps", type=int, help="steps of the text-only control (default: --steps)")
-    p.add_argument("--quick", action="store_true", help="a smoke run of seconds (a 32-wide model, 6 steps)")
-    return p.parse_args(argv)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return recipe_parser("vision_extract").parse_args(argv)
 
 
 def _mix(spec: str) -> dict[str, float]:
@@ -65,19 +65,21 @@ def load_config(args: argparse.Namespace) -> VisionExtractConfig:
     return VisionExtractConfig.from_dict(d)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> int:
     try:
         rc = load_config(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"vision_extract: error: {e}", file=sys.stderr)
-        return 2
-    result = run(rc, args.out)
+    except ValueError as e:
+        raise config_error(e) from e
+    result = run_recipe(rc, args.out)
     print(f"report: {args.out / 'report.md'}")
     f1 = result.form_easy_f1()
     if f1 is not None:
         print(f"form_easy held-out field F1 {f1:.3f} (target {result.target_f1})")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return recipe_main("vision_extract", argv)
 
 
 if __name__ == "__main__":

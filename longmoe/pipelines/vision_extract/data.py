@@ -19,7 +19,7 @@ import torch
 
 from longmoe.config import IGNORE_INDEX
 from longmoe.data.tokenizer import MIN_VOCAB, Tokenizer
-from longmoe.eval.extract_local import prompt_ids
+from longmoe.eval.extract.local import prompt_ids
 from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
 from longmoe.tasks.documents import HELD_OUT_SEED_BASE, Document, render

@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from longmoe.eval.extract import flatten, parse_answer
+from longmoe.eval.extract.harness import flatten, parse_answer
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig
 from longmoe.pipelines.vision_extract.result import VisionExtractResult
+from longmoe.plotting import pyplot
 
 
 def _pm(c: dict, m: str) -> str:
@@ -94,10 +95,7 @@ def markdown(result: VisionExtractResult, rc: VisionExtractConfig) -> str:
 
 
 def plot_curve(result: VisionExtractResult, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
     runs = [("image", result.main)] + ([("text control", result.control)] if result.control else [])
@@ -134,10 +132,7 @@ def plot_examples(result: VisionExtractResult, out: Path, path: Path) -> None:
     wrong fields on the right."""
     import textwrap
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from PIL import Image
 
     exs = result.examples

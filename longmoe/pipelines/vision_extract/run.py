@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from longmoe.data.tokenizer import Tokenizer
-from longmoe.eval.extract import RESULTS_FILE, read_rows, run_extract
-from longmoe.eval.extract_local import ModelExtractClient
+from longmoe.eval.extract.harness import RESULTS_FILE, read_rows, run_extract
+from longmoe.eval.extract.local import ModelExtractClient
 from longmoe.model import LongMoE
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig
 from longmoe.pipelines.vision_extract.data import char_tokenizer

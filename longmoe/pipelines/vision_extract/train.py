@@ -23,8 +23,8 @@ from longmoe.checkpoint import is_model_dir, load_model, save_model_dir
 from longmoe.config import IGNORE_INDEX
 from longmoe.data.corpus import stdlib_files, stdlib_root
 from longmoe.data.tokenizer import Tokenizer
-from longmoe.eval.extract import score_answer
-from longmoe.eval.extract_local import decode_documents
+from longmoe.eval.extract.harness import score_answer
+from longmoe.eval.extract.local import decode_documents
 from longmoe.model import LongMoE
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig
 from longmoe.pipelines.vision_extract.data import Batch, train_batch

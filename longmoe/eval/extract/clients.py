@@ -7,7 +7,7 @@ text-only control, which separates reading pixels from extracting fields.
 - ``EndpointExtractClient``: ``POST {url}/v1/chat/completions`` with one user message whose content
   parts are the instruction and ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``
   (the OpenAI vision format), ``temperature=0``.
-- ``LocalExtractClient`` (``extract_local``): a model directory with a vision encoder, prompted the way
+- ``LocalExtractClient`` (``eval.extract.local``): a model directory with a vision encoder, prompted the way
   the vision_extract recipe trains it (image span, then the instruction).
 """
 

@@ -1,10 +1,11 @@
-"""``longmoe eval --tasks extract``: image -> JSON field extraction on held-out rendered documents.
+"""``longmoe eval extract`` (or ``longmoe eval --tasks extract``): image -> JSON field extraction on
+held-out rendered documents.
 
 Examples::
 
-    longmoe eval --tasks extract --model runs/vision_extract/model --families form_easy --n 200
-    longmoe eval --tasks extract --endpoint http://127.0.0.1:8000 --api-model longmoe --n 50
-    longmoe eval --tasks extract --base-url https://api.openai.com/v1 --api-model gpt-4o-mini \\
+    longmoe eval extract --model runs/vision_extract/model --families form_easy --n 200
+    longmoe eval extract --endpoint http://127.0.0.1:8000 --api-model longmoe --n 50
+    longmoe eval extract --base-url https://api.openai.com/v1 --api-model gpt-4o-mini \\
         --families form,receipt,table --n 20 --extract-input text     # the text-only control
 
 Scores ``--n`` held-out renders per family (seeds ``HELD_OUT_SEED_BASE + --seed ...``, never used
@@ -16,18 +17,25 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-from longmoe.eval.clients import ClientError
-from longmoe.eval.extract import run_extract
-from longmoe.eval.extract_clients import INPUTS, EndpointExtractClient
-from longmoe.eval.extract_local import LocalExtractClient
-from longmoe.tasks import TaskError
+from longmoe.eval.args import add_backend_arguments, add_count_arguments, add_output_arguments
+from longmoe.eval.errors import EvalError, check_positive
+from longmoe.eval.extract.clients import INPUTS, EndpointExtractClient
+from longmoe.eval.extract.harness import run_extract
+from longmoe.eval.extract.local import LocalExtractClient
 from longmoe.tasks.documents import FAMILIES, parse_families
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``longmoe eval extract``'s options."""
+    add_backend_arguments(p)
+    add_count_arguments(p.add_argument_group("documents"), n_help="held-out documents per family")
+    add_output_arguments(p)
+    add_extract_arguments(p)
+
+
 def add_extract_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("structured extraction (--tasks extract)")
+    g = p.add_argument_group("structured extraction (longmoe eval extract, or --tasks extract)")
     g.add_argument(
         "--families",
         default="all",
@@ -41,22 +49,14 @@ def add_extract_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _error(msg: str) -> int:
-    print(f"longmoe eval: error: {msg}", file=sys.stderr)
-    return 2
-
-
-def run_extract_cli(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Score ``--n`` held-out documents per family; a bad flag raises ``EvalError`` (or ``TaskError``)."""
     if (args.model is None) == (args.endpoint is None):
-        return _error("give exactly one of --model DIR or --endpoint URL")
-    if args.n < 1:
-        return _error(f"--n {args.n} is invalid: expected an integer >= 1")
+        raise EvalError("give exactly one of --model DIR or --endpoint URL")
+    check_positive("--n", args.n)
     if args.seed < 0:
-        return _error(f"--seed {args.seed} is invalid: expected an integer >= 0")
-    try:
-        families = parse_families(args.families)
-    except TaskError as e:
-        return _error(str(e))
+        raise EvalError(f"--seed {args.seed} is invalid: expected an integer >= 0")
+    families = parse_families(args.families)
     key = args.api_key or os.environ.get(getattr(args, "api_key_env", None) or "OPENAI_API_KEY")
     try:
         if args.endpoint is not None:
@@ -68,8 +68,8 @@ def run_extract_cli(args: argparse.Namespace) -> int:
         else:
             client = LocalExtractClient(args.model, device=args.device, inputs=args.extract_input)
             count = client.count_tokens
-    except (ClientError, FileNotFoundError, ValueError) as e:
-        return _error(str(e))
+    except ValueError as e:
+        raise EvalError(str(e)) from e
     print(f"eval extract: {client.name}: families {','.join(families)} x n={args.n} ({args.extract_input})")
     args.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -77,8 +77,6 @@ def run_extract_cli(args: argparse.Namespace) -> int:
             client, families, args.n, args.out, offset=args.seed, batch_size=args.batch_size,
             max_tokens=args.max_tokens, count_tokens=count,
         )  # fmt: skip
-    except ClientError as e:
-        return _error(str(e))
     finally:
         client.close()
     print((args.out / "extract_summary.md").read_text(), end="")

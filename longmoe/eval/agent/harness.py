@@ -1,7 +1,7 @@
 """Agent evaluation: episode success by horizon on the tool environments, for any policy.
 
 ``run_episode`` plays one held-out task: the environment's opening messages, then turn by turn the
-policy's reply (``eval.agent_clients``: a local model or an OpenAI-compatible endpoint through its
+policy's reply (``eval.agent.policies``: a local model or an OpenAI-compatible endpoint through its
 function-calling API) is stepped by the environment, whose tool messages are appended, until the
 episode ends (final answer, malformed turn, the environment's turn limit, or a conversation that no
 longer fits the context: reward 0, ``overflow``).
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.envs import HELD_OUT_SEED_BASE, Env
-from longmoe.eval.agent_clients import AgentPolicy, ContextOverflow
+from longmoe.eval.agent.policies import AgentPolicy, ContextOverflow
 
 EPISODES_FILE = "agent_episodes.jsonl"
 SUMMARY_FILE = "agent_summary.json"

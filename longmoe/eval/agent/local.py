@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from longmoe.agent.rollout import RolloutConfig, Trajectory, collect
-from longmoe.eval.agent import EPISODES_FILE, EnvFactory, EpisodeResult, held_out_seeds
+from longmoe.eval.agent.harness import EPISODES_FILE, EnvFactory, EpisodeResult, held_out_seeds
 from longmoe.serve.engine import Engine
 
 

@@ -1,13 +1,14 @@
-"""``longmoe eval --tasks agent``: episode success by horizon on the tool environments.
+"""``longmoe eval agent`` (or ``longmoe eval --tasks agent``): episode success by horizon on the tool
+environments.
 
 Examples::
 
-    longmoe eval --tasks agent --model runs/sft --envs doclookup,calculator --horizons 1,2,4 --n 100
-    longmoe eval --tasks agent --expert --envs doclookup --horizons 1,2,4,8   # the reference run
-    longmoe eval --tasks agent --base-url https://api.openai.com/v1 --api-model gpt-4o-mini \\
+    longmoe eval agent --model runs/sft --envs doclookup,calculator --horizons 1,2,4 --n 100
+    longmoe eval agent --expert --envs doclookup --horizons 1,2,4,8   # the reference run
+    longmoe eval agent --base-url https://api.openai.com/v1 --api-model gpt-4o-mini \\
         --api-key-env OPENAI_API_KEY --envs calculator --horizons 1,2,4,8 --n 50
 
-A local model is evaluated through RL's batched rollouts in the engine (``eval.agent_local``:
+A local model is evaluated through RL's batched rollouts in the engine (``eval.agent.local``:
 greedy, every episode at once, each keeping its cache across turns); an endpoint through its
 function-calling API (``EndpointAgent``, ``--concurrency`` episodes at a time). Writes
 ``OUT/agent_episodes.jsonl``, ``OUT/agent_summary.{json,md}`` and
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import threading
 from typing import Any
 
@@ -29,18 +29,36 @@ from tqdm import tqdm
 from longmoe.checkpoint import TOKENIZER_FILE
 from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
 from longmoe.envs import ENVS, EnvConfigError, env_config, make_env
-from longmoe.eval.agent import EnvFactory, EpisodeResult, markdown_agent, run_agent_eval, write_agent_summary
-from longmoe.eval.agent_clients import AgentPolicy, EndpointAgent, ExpertAgent
-from longmoe.eval.agent_local import run_local_eval
-from longmoe.eval.clients import LOCAL_MAX_CONTEXT, PREFILL_CHUNK, ClientError
+from longmoe.eval.agent.harness import (
+    EnvFactory,
+    EpisodeResult,
+    markdown_agent,
+    run_agent_eval,
+    write_agent_summary,
+)
+from longmoe.eval.agent.local import run_local_eval
+from longmoe.eval.agent.policies import AgentPolicy, EndpointAgent, ExpertAgent
+from longmoe.eval.args import add_backend_arguments, add_count_arguments, add_output_arguments
+from longmoe.eval.clients import LOCAL_MAX_CONTEXT, PREFILL_CHUNK
+from longmoe.eval.errors import EvalError, check_positive
 from longmoe.eval.plots import plot_run
 from longmoe.serve.engine import Engine
 
 DEFAULT_AGENT_MAX_TOKENS = 256  # per assistant turn
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``longmoe eval agent``'s options."""
+    add_backend_arguments(p)
+    add_count_arguments(
+        p.add_argument_group("episodes"), batch=False, n_help="episodes per (env, horizon) cell"
+    )
+    add_output_arguments(p)
+    add_agent_arguments(p)
+
+
 def add_agent_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("agent tasks (--tasks agent)")
+    g = p.add_argument_group("agent tasks (longmoe eval agent, or --tasks agent)")
     g.add_argument(
         "--envs",
         default=",".join(ENVS),
@@ -103,21 +121,13 @@ def _factory(name: str, values: dict[str, Any]) -> EnvFactory:
     return lambda: make_env(name, **values)
 
 
-def run_agent(args: argparse.Namespace) -> int:
-    def error(msg: str) -> int:
-        print(f"longmoe eval: error: {msg}", file=sys.stderr)
-        return 2
-
+def run(args: argparse.Namespace) -> int:
+    """Play and score the episodes; a bad flag raises ``EvalError`` (or ``EnvConfigError``)."""
     if sum((args.model is not None, args.endpoint is not None, args.expert)) != 1:
-        return error("give exactly one of --model DIR, --endpoint URL or --expert")
-    if args.n < 1:
-        return error(f"--n {args.n} is invalid: expected an integer >= 1")
-    if args.concurrency < 1:
-        return error(f"--concurrency {args.concurrency} is invalid: expected an integer >= 1")
-    try:
-        cells = _cells(args)
-    except EnvConfigError as e:
-        return error(str(e))
+        raise EvalError("give exactly one of --model DIR, --endpoint URL or --expert")
+    check_positive("--n", args.n)
+    check_positive("--concurrency", args.concurrency)
+    cells = _cells(args)
     policy: AgentPolicy | None = None
     engine: Engine | None = None
     try:
@@ -129,7 +139,7 @@ def run_agent(args: argparse.Namespace) -> int:
         elif args.endpoint is not None:
             key = args.api_key or os.environ.get(args.api_key_env or "OPENAI_API_KEY")
             if args.api_key_env and not key:
-                return error(f"--api-key-env {args.api_key_env}: the variable is not set")
+                raise EvalError(f"--api-key-env {args.api_key_env}: the variable is not set")
             policy = EndpointAgent(args.endpoint, args.api_model or "", api_key=key, timeout=args.timeout)
         else:
             engine = Engine.from_dir(
@@ -139,8 +149,10 @@ def run_agent(args: argparse.Namespace) -> int:
                 prefill_chunk=PREFILL_CHUNK,
                 quantize=args.quantize,
             )
-    except (ClientError, FileNotFoundError, ValueError) as e:
-        return error(str(e))
+    except EvalError:
+        raise
+    except ValueError as e:
+        raise EvalError(str(e)) from e
     name = policy.name if policy is not None else str(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
     n_eps = len(cells) * args.n
@@ -161,8 +173,6 @@ def run_agent(args: argparse.Namespace) -> int:
             results = run_agent_eval(
                 policy, cells, args.n, args.out, args.seed, max_tokens, args.concurrency, progress=tick
             )
-    except ClientError as e:
-        return error(str(e))
     finally:
         bar.close()
         (engine or policy).close()

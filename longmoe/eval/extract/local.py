@@ -19,7 +19,7 @@ from longmoe.checkpoint import load_model
 from longmoe.data.images import image_span, patchify
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.eval.clients import ClientError, Reply
-from longmoe.eval.extract_clients import INPUTS
+from longmoe.eval.extract.clients import INPUTS
 from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
 from longmoe.tasks.documents import INSTRUCTION, Document

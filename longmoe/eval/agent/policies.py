@@ -5,7 +5,7 @@ steps on, the message to append to the conversation, and the token counts. Decod
 Model policies read only ``messages`` and ``env.tools``; ``ExpertAgent`` asks ``env.expert()`` (a
 reference run: the loop and the environments at success 1.0, and their token counts).
 
-A local model does not go through a policy here: ``eval.agent_local`` runs RL's batched rollouts.
+A local model does not go through a policy here: ``eval.agent.local`` runs RL's batched rollouts.
 
 - ``EndpointAgent``: ``POST {url}/v1/chat/completions`` with ``tools`` and ``tool_choice: "auto"``
   (OpenAI function calling). ``message.tool_calls`` become the turn's calls; a call whose

@@ -1,0 +1,1 @@
+"""Agent evaluation: episode success by horizon on the tool environments (``longmoe eval agent``)."""

@@ -1,0 +1,1 @@
+"""Structured extraction: image -> JSON fields on held-out rendered documents (``longmoe eval extract``)."""
