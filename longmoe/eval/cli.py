@@ -25,7 +25,7 @@ import torch
 
 from longmoe.argtypes import device
 from longmoe.checkpoint import TOKENIZER_FILE, load_model
-from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
+from longmoe.data.tokenizer import Tokenizer
 from longmoe.eval import runner
 from longmoe.eval.agent_cli import add_agent_arguments, run_agent
 from longmoe.eval.clients import ClientError, EndpointClient, LocalClient
@@ -63,8 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--tokenizer",
         type=Path,
-        help="tokenizer.json used to count task lengths (default: the model's; for an endpoint, a "
-        "2048-token BPE trained on the standard library, an approximation of the server's tokenizer)",
+        help="tokenizer.json, or a model/run dir holding one, used to count task lengths (default: the "
+        "model's; required with --endpoint: e.g. the served model's dir)",
     )
     g = p.add_argument_group("task grid")
     g.add_argument(
@@ -205,10 +205,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _endpoint_tokenizer(path: Path | None) -> Tokenizer:
     if path is None:
-        print(
-            "note: task lengths are counted with longmoe's standard-library BPE (give --tokenizer to change)"
+        raise ValueError(
+            "--endpoint needs --tokenizer FILE|DIR to count task lengths (e.g. the served model's dir)"
         )
-        return tokenizer_for_tests(2048)
     if path.is_dir():
         path = path / TOKENIZER_FILE
     if not path.is_file():
