@@ -19,11 +19,10 @@ from pathlib import Path
 
 import torch
 
-from bench.common import RESULTS, markdown_table, write_results
+from bench.common import RESULTS, bench_tokenizer, markdown_table, write_results
 from longmoe.config import FFNConfig, ModelConfig
 from longmoe.data.mix import make_mix
 from longmoe.data.packing import Packer, collate
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.layers import balance
 from longmoe.model import LongMoE
 
@@ -196,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.steps, args.val_batches = 8, 1
     settings = [(64, 4)] if args.quick else [(64, 4), (256, 8)]
-    tok = tokenizer_for_tests(512)
+    tok = bench_tokenizer(512)
     results = []
     for E, k in settings:
         for bal in BALANCERS:

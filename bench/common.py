@@ -7,6 +7,8 @@ noisy), so absolute seconds only matter relative to each other and to ``gemm_roo
 from __future__ import annotations
 
 import datetime
+import functools
+import itertools
 import json
 import platform
 import socket
@@ -20,6 +22,8 @@ from pathlib import Path
 import torch
 
 from bench.tables import table_sha256, write_all
+from longmoe.data.corpus import stdlib_documents
+from longmoe.data.tokenizer import Tokenizer
 from longmoe.runtime import retain_freed_memory
 
 MALLOC_TUNED = retain_freed_memory()  # every benchmark, both peers: see longmoe/runtime.py
@@ -27,6 +31,14 @@ MALLOC_TUNED = retain_freed_memory()  # every benchmark, both peers: see longmoe
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 STARTED = time.perf_counter()  # a benchmark imports this module first: wall time counts from here
+
+
+@functools.lru_cache(maxsize=4)
+def bench_tokenizer(vocab_size: int = 512, n_docs: int = 60) -> Tokenizer:
+    """A small BPE trained on a slice of the standard-library corpus (~1 s): the benchmarks time
+    models, not tokenizers, so any real tokenizer of the right vocabulary will do."""
+    texts = (d.text for d in itertools.islice(stdlib_documents("train", "file"), n_docs))
+    return Tokenizer.train(texts, vocab_size=vocab_size)
 
 
 def timeit(

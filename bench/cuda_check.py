@@ -19,9 +19,8 @@ import warnings
 
 import torch
 
-from bench.common import markdown_table, write_results
+from bench.common import bench_tokenizer, markdown_table, write_results
 from longmoe.config import preset
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.model import LongMoE
 from longmoe.ops.gates import bounded_decay, softplus_decay
 from longmoe.ops.kda.chunk import kda_chunk
@@ -53,7 +52,7 @@ def kda_parity(T: int = 4096) -> dict[str, dict]:
 
 def compiled_decode(ctx: int = 1024, n: int = 96) -> dict:
     cfg = preset("tiny").replace(max_seq_len=1 << 14)
-    tok = tokenizer_for_tests(512)
+    tok = bench_tokenizer(512)
     prompt = torch.randint(20, cfg.vocab_size, (ctx,), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(max_tokens=n + 1, temperature=0.0, ignore_eos=True)
 

@@ -28,9 +28,8 @@ import time
 import httpx
 import torch
 
-from bench.common import markdown_table, write_results
+from bench.common import bench_tokenizer, markdown_table, write_results
 from longmoe.config import preset
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.model import LongMoE
 from longmoe.serve.api import create_app, serve_in_thread
 from longmoe.serve.api.protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS
@@ -68,7 +67,7 @@ def random_engine(seed: int = 0, **cfg_kw) -> Engine:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    return Engine(model, tokenizer_for_tests(512))
+    return Engine(model, bench_tokenizer(512))
 
 
 def prompts(n: int, seed: int = 0) -> list[str]:

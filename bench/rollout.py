@@ -24,11 +24,10 @@ import warnings
 
 import torch
 
-from bench.common import markdown_table, write_results
+from bench.common import bench_tokenizer, markdown_table, write_results
 from longmoe.agent.rollout import RolloutConfig, collect
 from longmoe.config import preset
 from longmoe.data.chat import AssistantTurn
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.envs.base import StepResult
 from longmoe.model import LongMoE
 from longmoe.serve.engine import Engine, EngineConfig
@@ -74,7 +73,7 @@ def engine(mode: str, max_ctx: int) -> Engine:
         cache_budget_bytes=8 << 30, prefill_chunk=512, max_batch=32, prefix_cache=mode == "prefix",
         max_context=max_ctx,
     )  # fmt: skip
-    return Engine(LongMoE(cfg), tokenizer_for_tests(cfg.vocab_size), opts)
+    return Engine(LongMoE(cfg), bench_tokenizer(cfg.vocab_size), opts)
 
 
 def run_mode(mode: str, n_eps: int, turns: int, obs_words: int, turn_tokens: int, max_ctx: int) -> dict:

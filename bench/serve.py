@@ -32,7 +32,7 @@ import warnings
 
 import torch
 
-from bench.common import markdown_table, write_results
+from bench.common import bench_tokenizer, markdown_table, write_results
 from bench.serve_fast import prefix_rows, spec_rows
 from bench.structured import structured_rows
 from longmoe.config import ModelConfig, preset
@@ -90,11 +90,9 @@ def peer_model(cfg: ModelConfig):
 
 
 def make_engine(cfg: ModelConfig, **kw) -> Engine:
-    from longmoe.data.tokenizer import tokenizer_for_tests
-
     torch.manual_seed(0)
     opts = {"cache_budget_bytes": 8 << 30, "prefill_chunk": 2048, "prefix_cache": False, **kw}
-    return Engine(LongMoE(cfg), tokenizer_for_tests(512), EngineConfig(**opts))
+    return Engine(LongMoE(cfg), bench_tokenizer(512), EngineConfig(**opts))
 
 
 def rand_ids(n: int, vocab: int, seed: int) -> list[int]:

@@ -10,13 +10,7 @@ import torch
 
 from longmoe import checkpoint as ckpt
 from longmoe.config import preset
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.model import LongMoE
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tokenizer_for_tests(512)
 
 
 def tiny_model(tok, seed: int = 0) -> LongMoE:

@@ -18,10 +18,10 @@ from longmoe import __version__
 from longmoe.cli import COMMANDS, main
 from longmoe.config import preset
 from longmoe.data.stages import CurriculumStage
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.errors import UserError
 from longmoe.train.config import TrainConfig
 from longmoe.train.pretrain import Trainer
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 
 def test_version_command(capsys):

@@ -11,6 +11,7 @@ import torch
 from longmoe.cache import Cache
 from longmoe.config import ConfigError, FFNConfig, ModelConfig, preset
 from longmoe.model import LongMoE
+from tests.helpers.models import nudge_off_init
 
 TOL = 1e-4  # fp32, the issue's bound for decode == full forward
 
@@ -40,9 +41,8 @@ def model(c: ModelConfig, seed: int = 0) -> LongMoE:
     """A model whose weights are moved off init (non-uniform AttnRes mixing, non-zero gate scales)."""
     torch.manual_seed(seed)
     m = LongMoE(c)
+    nudge_off_init(m)
     with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
         if m.attn_res is not None:
             m.attn_res.queries.normal_(0.0, 0.5)
     return m.eval()

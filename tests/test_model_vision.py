@@ -9,6 +9,7 @@ import torch
 from longmoe.config import IMAGE_PATCH_TOKEN_ID, FFNConfig, ModelConfig, VisionConfig
 from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
+from tests.helpers.models import nudge_off_init
 
 START, PATCH, END = 9, IMAGE_PATCH_TOKEN_ID, 10  # the fixed special-token ids of a longmoe tokenizer
 IMAGE_IDS = (START, PATCH, END)
@@ -29,9 +30,8 @@ def cfg(encoder: str = "vit", **kw) -> ModelConfig:
 def model(c: ModelConfig, seed: int = 0) -> LongMoE:
     torch.manual_seed(seed)
     m = LongMoE(c)
+    nudge_off_init(m)
     with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
         if m.attn_res is not None:
             m.attn_res.queries.normal_(0.0, 0.5)
     return m.eval()

@@ -9,8 +9,6 @@ are fixed (0..N-1) so a config can rely on them.
 
 from __future__ import annotations
 
-import functools
-import itertools
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,6 @@ from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from longmoe.data.chat import render_messages
-from longmoe.data.corpus import stdlib_documents
 from longmoe.errors import UserError
 
 TOKENIZER_FILE = "tokenizer.json"  # the tokenizer's file in a model directory
@@ -175,10 +172,3 @@ class Tokenizer:
         ``tools`` (OpenAI function schemas) are shown in the system message.
         """
         return render_messages(messages, add_generation_prompt, tools)
-
-
-@functools.lru_cache(maxsize=4)
-def tokenizer_for_tests(vocab_size: int = 512, n_docs: int = 60) -> Tokenizer:
-    """A small tokenizer trained once per process on a slice of the standard-library corpus (~1 s)."""
-    texts = (d.text for d in itertools.islice(stdlib_documents("train", "file"), n_docs))
-    return Tokenizer.train(texts, vocab_size=vocab_size)

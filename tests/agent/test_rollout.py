@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from agentutil import FakeEnv
 
 from longmoe.agent.rollout import RolloutConfig, collect
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
+from tests.helpers.agent import FakeEnv
 
 CFG = RolloutConfig(group_size=3, max_turn_tokens=12, max_episode_tokens=512, seed=5)
 

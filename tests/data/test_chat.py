@@ -13,7 +13,7 @@ from longmoe.data.chat import (
     render_tools,
     with_tools,
 )
-from longmoe.data.tokenizer import tokenizer_for_tests
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 MESSAGES = [
     {"role": "system", "content": "You can search."},

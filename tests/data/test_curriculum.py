@@ -7,8 +7,8 @@ import pytest
 from longmoe.config import ConfigError
 from longmoe.data.curriculum import Curriculum
 from longmoe.data.stages import CurriculumStage
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.train.config import TrainConfig
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 
 def _stages() -> list[CurriculumStage]:

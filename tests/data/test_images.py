@@ -23,7 +23,7 @@ from longmoe.data.images import (
     to_tensor,
     unpatchify,
 )
-from longmoe.data.tokenizer import tokenizer_for_tests
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 CFG = VisionConfig(patch_size=8, max_image_side=64)
 

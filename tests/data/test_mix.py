@@ -7,14 +7,8 @@ import pytest
 from longmoe.config import IGNORE_INDEX
 from longmoe.data.mix import SYNTHETIC_TASKS, make_source
 from longmoe.data.packing import Packer
-from longmoe.data.tokenizer import tokenizer_for_tests
 
 FAMILIES = ("niah", "multihop", "conflict", "recall")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tokenizer_for_tests(512)
 
 
 def test_synthetic_tasks_are_the_registry_families():

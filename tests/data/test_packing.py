@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from longmoe.config import IGNORE_INDEX
 from longmoe.data.corpus import DataError, Document
 from longmoe.data.packing import Packer, StreamSource, collate
-from longmoe.data.tokenizer import tokenizer_for_tests
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 BOS, EOS = 1, 2
 

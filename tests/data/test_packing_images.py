@@ -16,7 +16,7 @@ from longmoe.config import IGNORE_INDEX, VisionConfig
 from longmoe.data.corpus import DataError, load_documents
 from longmoe.data.images import ImageLoader
 from longmoe.data.packing import Packer, StreamSource, collate
-from longmoe.data.tokenizer import tokenizer_for_tests
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 VIS = VisionConfig(patch_size=8, max_image_side=32)  # at most 4×4 patches: spans of ≤ 18 tokens
 

@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models
 
-from longmoe.data.tokenizer import SPECIAL_TOKENS, Tokenizer, TokenizerError, tokenizer_for_tests
+from longmoe.data.tokenizer import SPECIAL_TOKENS, Tokenizer, TokenizerError
 from longmoe.errors import UserError
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 
 @settings(max_examples=300, deadline=None)

@@ -16,8 +16,8 @@ from longmoe.distributed.expert_parallel import apply_expert_parallel
 from longmoe.layers.kda import KDALayer
 from longmoe.layers.mla import MLALayer
 from longmoe.model import LongMoE
-from tests.distributed.launch import run_ranks
-from tests.layerconfigs import small_cfg
+from tests.helpers.launch import run_ranks
+from tests.helpers.models import small_cfg
 
 T = 21  # tokens per rank: not a multiple of the chunk size (8 below)
 TOL = dict(atol=2e-5, rtol=2e-5)

@@ -11,7 +11,7 @@ from torch.distributed.tensor import DTensor
 from longmoe.config import FFNConfig
 from longmoe.distributed.expert_parallel import apply_expert_parallel
 from longmoe.layers.moe import MoELayer
-from tests.distributed.launch import run_ranks
+from tests.helpers.launch import run_ranks
 
 D = 32
 TOKENS = 13  # per rank, odd so the per-expert counts differ across ranks

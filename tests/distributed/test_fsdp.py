@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from distutil import run_ranks
 
 from longmoe.config import IGNORE_INDEX, FFNConfig, preset
 from longmoe.data.packing import Window, collate
@@ -18,6 +17,7 @@ from longmoe.distributed.parallelize import parallelize
 from longmoe.distributed.reduce import all_reduce_sum, clip_grad_norm_, sync_balance_stats
 from longmoe.model import LongMoE
 from longmoe.train.pretrain import param_groups
+from tests.helpers.launch import run_ranks
 
 STEPS, WINDOWS, WINDOW = 5, 4, 32
 
@@ -73,7 +73,7 @@ def train_steps(model, opt, steps: range) -> list[float]:
     return losses
 
 
-def _worker(r: int, out: str) -> None:
+def _worker(r: int, world: int, out: str) -> None:
     """Everything the tests below check, in one 2-rank launch (process start-up dominates the cost)."""
     res = {}
     for ac in (False, True):
@@ -101,7 +101,7 @@ def runs(tmp_path_factory):
     ref = train_steps(model, opt, range(2))
     torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, out / "one.pt")
     ref += train_steps(model, opt, range(2, STEPS))
-    run_ranks(_worker, 2, str(out))
+    run_ranks(_worker, str(out))
     return {
         "ref": ref,
         "model": model,

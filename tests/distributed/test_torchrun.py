@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from distutil import free_port, losses, model_config, train_config
 
 from longmoe import checkpoint as ckpt
-from longmoe.data.tokenizer import tokenizer_for_tests
+from tests.helpers.launch import free_port
+from tests.helpers.tokenizer import tokenizer_for_tests
+from tests.helpers.train import dist_model_config, dist_train_config, losses
 
 
 def torchrun(
@@ -33,8 +34,8 @@ def torchrun(
 @pytest.fixture(scope="module")
 def cfg_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("cfg")
-    model_config().save(d / "model.json")
-    train_config().save(d / "train.json")
+    dist_model_config().save(d / "model.json")
+    dist_train_config().save(d / "train.json")
     tokenizer_for_tests(512).save(d / "tokenizer.json")
     return d
 

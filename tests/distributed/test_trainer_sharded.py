@@ -8,12 +8,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from distutil import losses, model_config, run_ranks, train_config
 
 from longmoe import checkpoint as ckpt
-from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
+from longmoe.data.tokenizer import Tokenizer
 from longmoe.distributed.parallel_dims import ParallelDims
 from longmoe.train.pretrain import Trainer
+from tests.helpers.launch import run_ranks
+from tests.helpers.tokenizer import tokenizer_for_tests
+from tests.helpers.train import dist_model_config, dist_train_config, losses
 
 STEPS = 5
 
@@ -24,14 +26,20 @@ def val_losses(run: Path) -> dict[int, float]:
 
 
 def _fit(
-    rank: int, run: str, tok_file: str, resume: bool, max_steps: int, dims: ParallelDims | None = None
+    rank: int,
+    world: int,
+    run: str,
+    tok_file: str,
+    resume: bool,
+    max_steps: int,
+    dims: ParallelDims | None = None,
 ) -> None:
     tok = Tokenizer.from_file(tok_file)
     if resume:
         Trainer(run, resume=True, progress=False, max_steps=max_steps, dims=dims).fit()
     else:
         Trainer(
-            run, model_config(), train_config(), tok, progress=False, max_steps=max_steps, dims=dims
+            run, dist_model_config(), dist_train_config(), tok, progress=False, max_steps=max_steps, dims=dims
         ).fit()
 
 
@@ -41,9 +49,9 @@ def runs(tmp_path_factory):
     tok = tokenizer_for_tests(512)
     tok.save(root / "tok.json")
     one = root / "one"
-    Trainer(one, model_config(), train_config(), tok, progress=False, max_steps=STEPS).fit()
+    Trainer(one, dist_model_config(), dist_train_config(), tok, progress=False, max_steps=STEPS).fit()
     two = root / "two"
-    run_ranks(_fit, 2, str(two), str(root / "tok.json"), False, STEPS)
+    run_ranks(_fit, str(two), str(root / "tok.json"), False, STEPS)
     return {"root": root, "one": one, "two": two, "tok": root / "tok.json"}
 
 
@@ -80,9 +88,14 @@ def test_resume_two_ranks_into_one_process(runs):
 def test_resume_one_process_into_two_ranks(runs):
     run = runs["root"] / "one-to-two"
     Trainer(
-        run, model_config(), train_config(), Tokenizer.from_file(runs["tok"]), progress=False, max_steps=3
+        run,
+        dist_model_config(),
+        dist_train_config(),
+        Tokenizer.from_file(runs["tok"]),
+        progress=False,
+        max_steps=3,
     ).fit()
-    run_ranks(_fit, 2, str(run), str(runs["tok"]), True, STEPS)
+    run_ranks(_fit, str(run), str(runs["tok"]), True, STEPS)
     got = losses(run)
     assert close({k: got[k] for k in (4, 5)}, {k: losses(runs["one"])[k] for k in (4, 5)})
 
@@ -92,7 +105,7 @@ def test_expert_and_context_parallel_log_the_one_process_losses(runs, tmp_path, 
     """Expert parallel (each rank half the experts, its own windows) and context parallel (each rank
     half of every packed row) train like one process: losses of 3 steps and the stage-end validation."""
     run = tmp_path / "run"
-    run_ranks(_fit, 2, str(run), str(runs["tok"]), False, 3, dims)
+    run_ranks(_fit, str(run), str(runs["tok"]), False, 3, dims)
     ref = losses(runs["one"])
     assert close(losses(run), {k: ref[k] for k in (1, 2, 3)}), (losses(run), ref)
     assert close(val_losses(run), {3: val_losses(runs["one"])[3]})

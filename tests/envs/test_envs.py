@@ -15,7 +15,6 @@ from longmoe.data.chat import (
     render_messages,
     render_tools,
 )
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.envs import (
     ENVS,
     HELD_OUT_SEED_BASE,
@@ -27,6 +26,7 @@ from longmoe.envs import (
     play,
 )
 from longmoe.envs.toolenv import answer_matches, check_arguments
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 SMALL = {
     "doclookup": {"page_chars": 120, "pages_per_doc": 2, "distractors": 3},

@@ -18,7 +18,6 @@ from longmoe.agent.rollout import Trajectory, TurnRecord
 from longmoe.cli import main
 from longmoe.config import preset
 from longmoe.data.chat import AssistantTurn, ToolCall
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.envs import HELD_OUT_SEED_BASE, make_env
 from longmoe.eval.agent.harness import (
     EpisodeResult,
@@ -33,6 +32,7 @@ from longmoe.eval.plots import plot_run
 from longmoe.model import LongMoE
 from longmoe.serve.api import create_app, serve_in_thread
 from longmoe.serve.engine import Engine
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 _here = threading.local()  # the environment of the episode this thread plays
 
@@ -215,11 +215,14 @@ def test_cli_errors(model_dir, tmp_path, capsys, extra, message):
     assert message in capsys.readouterr().err
 
 
-def test_cli_expert_reference(tmp_path, capsys):
+def test_cli_expert_reference(model_dir, tmp_path, capsys):
     """--expert: the scripted expert through the same loop, success 1 everywhere; its episodes
-    grow with the horizon (tokens counted with the standard-library BPE)."""
+    grow with the horizon (tokens counted with the --tokenizer it requires: a model dir's here)."""
     out = tmp_path / "expert"
     argv = ["eval", "--tasks", "agent", "--expert", "--envs", "doclookup", "--horizons", "1,3", "--n", "2"]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 2
+    assert "--expert needs --tokenizer" in capsys.readouterr().err
+    argv += ["--tokenizer", str(model_dir)]
     assert main([*argv, "--out", str(out), "--no-progress"]) == 0
     s = json.loads((out / "agent_summary.json").read_text())
     assert s["overall"]["success"] == 1.0 and s["model"] == "expert"
@@ -229,9 +232,10 @@ def test_cli_expert_reference(tmp_path, capsys):
     assert "exactly one of --model DIR, --endpoint URL or --expert" in capsys.readouterr().err
 
 
-def test_subcommand_and_flat_form_give_the_same_episodes(tmp_path):
+def test_subcommand_and_flat_form_give_the_same_episodes(model_dir, tmp_path):
     """`longmoe eval agent ...` (the new way) and `longmoe eval --tasks agent ...` run the same eval."""
-    opts = ["--expert", "--envs", "calculator", "--horizons", "1", "--n", "2", "--no-progress", "--no-plots"]
+    opts = ["--expert", "--tokenizer", str(model_dir), "--envs", "calculator", "--horizons", "1", "--n", "2"]
+    opts += ["--no-progress", "--no-plots"]
     assert main(["eval", "agent", *opts, "--out", str(tmp_path / "sub")]) == 0
     assert main(["eval", "--tasks", "agent", *opts, "--out", str(tmp_path / "flat")]) == 0
     sub, flat = (json.loads((tmp_path / d / "agent_summary.json").read_text()) for d in ("sub", "flat"))

@@ -9,16 +9,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from longmoe.cli import main
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.eval.clients import ClientError, EndpointClient, Reply
 from longmoe.eval.longctx import runner
 from longmoe.eval.plots import plot_run
 from longmoe.tasks import TaskError
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tokenizer_for_tests(512)
 
 
 class FakeOpenAI:
@@ -181,9 +175,10 @@ def test_runner_batches(tok, tmp_path):
     assert c.batches == [2, 2, 1]
 
 
-def test_cli_against_endpoint(fake, tmp_path, capsys):
+def test_cli_against_endpoint(fake, tok, tmp_path, capsys):
     out = tmp_path / "ev"
     argv = ["eval", "--endpoint", fake.url, "--api-model", "fake", "--tasks", "niah,recall"]
+    argv += ["--tokenizer", str(tok.save(tmp_path / "tok"))]
     argv += ["--lengths", "512", "--depths", "2", "--n", "1", "--out", str(out), "--no-progress"]
     assert main(argv) == 0
     assert len(fake.requests) == 4
@@ -199,5 +194,7 @@ def test_cli_errors(tmp_path, capsys):
     assert "needs --model" in capsys.readouterr().err
     assert main(["eval", "--endpoint", "http://127.0.0.1:9", "--api-model", "m", "--tasks", "bogus"]) == 2
     assert "unknown task 'bogus'" in capsys.readouterr().err
+    assert main(["eval", "--endpoint", "http://127.0.0.1:9", "--api-model", "m", "--out", str(tmp_path)]) == 2
+    assert "--endpoint needs --tokenizer" in capsys.readouterr().err
     assert main(["eval", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
     assert "not found" in capsys.readouterr().err

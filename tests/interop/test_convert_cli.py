@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kimiutil import VOCAB, hf_model, save_hf
 
 from longmoe.cli import main
 from longmoe.config import preset
 from longmoe.model import LongMoE
+from tests.helpers.kimi import VOCAB, hf_model, save_hf
 
 pytest.importorskip("transformers")
 

@@ -18,8 +18,10 @@ import pytest
 import torch
 
 from longmoe.config import preset
-from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
+from longmoe.data.tokenizer import Tokenizer
 from longmoe.model import LongMoE
+from tests.helpers.models import nudge_off_init
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = "tests/interop/lmeval_task"  # relative to ROOT, as the task YAMLs' data_files are
@@ -38,9 +40,7 @@ def served(tmp_path_factory):
     d = tmp_path_factory.mktemp("lmeval_model")
     torch.manual_seed(0)
     model = LongMoE(preset("tiny").replace(vocab_size=VOCAB, max_seq_len=1024, tie_embeddings=False))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    nudge_off_init(model)
     model.save_pretrained(d)
     tokenizer_for_tests(VOCAB).save(d)
     port = _free_port()

@@ -8,7 +8,7 @@ import torch
 from longmoe.cache import Packing
 from longmoe.config import ModelConfig
 from longmoe.layers.kda import KDALayer, _causal_conv
-from tests.layerconfigs import small_cfg
+from tests.helpers.models import small_cfg
 
 TOL = 1e-5
 

@@ -8,7 +8,7 @@ import torch
 from longmoe.cache import MLAState, Packing
 from longmoe.config import ModelConfig
 from longmoe.layers.mla import MLALayer
-from tests.layerconfigs import small_cfg
+from tests.helpers.models import small_cfg
 
 TOL = 1e-5
 

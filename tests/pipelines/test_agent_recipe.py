@@ -68,10 +68,10 @@ def test_evaluate_stage_scores_like_longmoe_eval_and_is_cached(tmp_path):
     import torch
 
     from longmoe.config import preset
-    from longmoe.data.tokenizer import tokenizer_for_tests
     from longmoe.eval.agent.harness import EPISODES_FILE
     from longmoe.model import LongMoE
     from longmoe.pipelines.agent.run import EVALS, evaluate
+    from tests.helpers.tokenizer import tokenizer_for_tests
 
     torch.manual_seed(0)
     tok = tokenizer_for_tests(512)

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
-from agentutil import VOCAB, tiny_model  # noqa: E402
-
-from longmoe.cli import main  # noqa: E402
-from longmoe.data.tokenizer import tokenizer_for_tests  # noqa: E402
-from longmoe.rl.cli import field_help  # noqa: E402
-from longmoe.rl.config import RLConfig  # noqa: E402
+from longmoe.cli import main
+from longmoe.rl.cli import field_help
+from longmoe.rl.config import RLConfig
+from tests.helpers.models import VOCAB, tiny_model
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 
 def test_every_field_has_help(capsys):

@@ -5,22 +5,20 @@ interrupted and resumed ends with the same weights, optimizer and log as an unin
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
-from agentutil import VOCAB, FakeEnv, tiny_model  # noqa: E402
-
-from longmoe.agent.rollout import Trajectory, TurnRecord  # noqa: E402
-from longmoe.checkpoint import METRICS, list_checkpoints  # noqa: E402
-from longmoe.data.tokenizer import tokenizer_for_tests  # noqa: E402
-from longmoe.model import WEIGHTS_FILE  # noqa: E402
-from longmoe.rl.config import RLConfig  # noqa: E402
-from longmoe.rl.trainer import RLTrainer, token_tensors  # noqa: E402
+from longmoe.agent.rollout import Trajectory, TurnRecord
+from longmoe.checkpoint import METRICS, list_checkpoints
+from longmoe.model import WEIGHTS_FILE
+from longmoe.rl.config import RLConfig
+from longmoe.rl.trainer import RLTrainer, token_tensors
+from tests.helpers.agent import FakeEnv
+from tests.helpers.models import VOCAB, tiny_model
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 
 @pytest.fixture(scope="module")

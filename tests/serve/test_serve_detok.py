@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
+from longmoe.data.tokenizer import Tokenizer
 from longmoe.serve.detok import CONTEXT_TOKENS, MAX_WINDOW, IncrementalDetokenizer
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 MULTIBYTE = ["é", "ß", "€", "中文", "日本語", "😀", "🦀🚀", "ÿ", "∑x²", "\u200d", "\ufffd"]
 
@@ -23,11 +24,6 @@ class CountingTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         self.calls.append(len(ids))
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
-
-
-@pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    return tokenizer_for_tests(512)
 
 
 def stream(tok, ids: list[int], **kw) -> tuple[str, list[str]]:

@@ -8,8 +8,9 @@ import httpx
 import pytest
 import torch
 
-from longmoe.serve.api import create_app, serve_in_thread
+from longmoe.serve.api import create_app
 from longmoe.serve.engine import Engine
+from tests.helpers.server import serving
 
 KEY = "k"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -18,11 +19,9 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def server(model_dir):
     engine = Engine.from_dir(model_dir, prefill_chunk=16)
-    srv, th, port = serve_in_thread(create_app(engine, model_name="tiny", api_key=KEY))
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=60) as c:
+    app = create_app(engine, model_name="tiny", api_key=KEY)
+    with serving(app) as url, httpx.Client(base_url=url, headers=AUTH, timeout=60) as c:
         yield engine, c
-    srv.should_exit = True
-    th.join(timeout=10)
     engine.close()
 
 

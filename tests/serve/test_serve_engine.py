@@ -8,11 +8,11 @@ import time
 
 import pytest
 import torch
-from serveutil import MAX_CONTEXT, VOCAB
 
 from longmoe.serve.detok import CONTEXT_TOKENS, MAX_WINDOW
 from longmoe.serve.engine import Engine, EngineConfig, EngineError
 from longmoe.serve.sampling import SamplerState, SamplingError, SamplingParams, process_logits
+from tests.helpers.models import MAX_CONTEXT, VOCAB
 
 PROMPTS = ["import os", "class Foo(object):\n    def", "x = [1, 2, 3]\nfor", "def main(argv):\n    return"]
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
@@ -68,9 +68,8 @@ def test_batched_equals_solo_with_interleaved_prefill(engine):
 
 
 def test_seed_reproduces_and_differs():
-    from serveutil import tiny_model
-
-    from longmoe.data.tokenizer import tokenizer_for_tests
+    from tests.helpers.models import tiny_model
+    from tests.helpers.tokenizer import tokenizer_for_tests
 
     with Engine(tiny_model(), tokenizer_for_tests(VOCAB)) as e:
         s = lambda seed: SamplingParams(
@@ -244,9 +243,8 @@ def test_cancel_frees_cache(engine):
 
 
 def test_from_run_dir_picks_newest_complete_checkpoint(model_dir, tmp_path):
-    from serveutil import tiny_model
-
     from longmoe.checkpoint import save_checkpoint
+    from tests.helpers.models import tiny_model
 
     run = tmp_path / "run"
     tok = model_dir / "tokenizer.json"

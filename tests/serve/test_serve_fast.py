@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from serveutil import VOCAB, tiny_model
 
 from longmoe.cli import main
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.quantize import weight_bytes
 from longmoe.serve.compiled import CompiledSteps
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
+from tests.helpers.models import VOCAB, tiny_model
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 PROMPTS = ["import os", "class Foo(object):\n    def", "x = [1, 2, 3]\nfor"]
 # different lengths: the batch shrinks 3 -> 2 -> 1 as requests finish, and the contexts cross the

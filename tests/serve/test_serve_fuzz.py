@@ -13,8 +13,9 @@ import time
 import httpx
 import pytest
 
-from longmoe.serve.api import create_app, serve_in_thread
+from longmoe.serve.api import create_app
 from longmoe.serve.engine import Engine
+from tests.helpers.server import port_of, serving
 
 SEED = 19
 N_REQUESTS = 240
@@ -145,10 +146,8 @@ def hostile_request(rng: random.Random, port: int) -> tuple[str, str, dict[str, 
 def server(model_dir):
     with Engine.from_dir(model_dir, max_context=64) as engine:  # every generation stays short
         app = create_app(engine, model_name="tiny", api_key=KEY, max_body_bytes=MAX_BODY, body_timeout_s=5)
-        srv, th, port = serve_in_thread(app)
-        yield engine, port
-        srv.should_exit = True
-        th.join(timeout=10)
+        with serving(app) as url:
+            yield engine, port_of(url)
 
 
 def test_fuzz_hostile_requests(server, caplog):

@@ -22,6 +22,7 @@ from longmoe.serve.api import create_app, serve_in_thread
 from longmoe.serve.api.protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from longmoe.serve.api.web import script_literal
 from longmoe.serve.engine import Engine
+from tests.helpers.server import port_of, serving
 
 KEY = "k"
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
@@ -53,10 +54,8 @@ def slow_engine(model_dir):
 @pytest.fixture(scope="module")
 def server(engine):
     app = create_app(engine, model_name="tiny", api_key=KEY, max_body_bytes=256 * 1024, body_timeout_s=1.0)
-    srv, th, port = serve_in_thread(app)
-    yield f"http://127.0.0.1:{port}", port
-    srv.should_exit = True
-    th.join(timeout=10)
+    with serving(app) as url:
+        yield url, port_of(url)
 
 
 def assert_error_shape(r: httpx.Response, status: int, param: str | None = None, message: str = "") -> dict:

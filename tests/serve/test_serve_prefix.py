@@ -8,10 +8,10 @@ import random
 
 import pytest
 import torch
-from serveutil import VOCAB
 
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
+from tests.helpers.models import VOCAB
 
 BS = 8
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

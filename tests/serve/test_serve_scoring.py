@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from serveutil import VOCAB, tiny_model
 
 from longmoe.serve.scoring import score_prompt
+from tests.helpers.models import VOCAB, tiny_model
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 512])

@@ -10,11 +10,12 @@ import time
 import httpx
 import openai
 import pytest
-from serveutil import MAX_CONTEXT
 
-from longmoe.serve.api import create_app, serve_in_thread
+from longmoe.serve.api import create_app
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
+from tests.helpers.models import MAX_CONTEXT
+from tests.helpers.server import serving
 
 KEY = "test-key"
 MAX_BODY = 64 * 1024
@@ -25,10 +26,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 def server(model_dir):
     engine = Engine.from_dir(model_dir, prefill_chunk=16)
     app = create_app(engine, model_name="tiny", api_key=KEY, max_body_bytes=MAX_BODY)
-    srv, th, port = serve_in_thread(app)
-    yield engine, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    th.join(timeout=10)
+    with serving(app) as url:
+        yield engine, url
     engine.close()
 
 

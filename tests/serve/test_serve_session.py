@@ -8,11 +8,11 @@ import random
 import threading
 
 import pytest
-from serveutil import VOCAB
 
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.session import SessionError
+from tests.helpers.models import VOCAB
 
 GREEDY = SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True)
 

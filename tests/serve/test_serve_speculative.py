@@ -9,13 +9,12 @@ import random
 
 import pytest
 import torch
-from serveutil import VOCAB, tiny_model
 
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.model import LongMoE
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplerState, SamplingParams, process_logits
 from longmoe.serve.speculative import accept_or_resample, truncated_draft
+from tests.helpers.models import VOCAB, tiny_model
 
 # chi-square critical values at p = 0.001 by degrees of freedom (a correct sampler fails 1 in 1000)
 CHI2_999 = {
@@ -58,11 +57,6 @@ def noisy_copy(model: LongMoE, scale: float, seed: int = 1, head_only: bool = Fa
 @pytest.fixture(scope="module")
 def target() -> LongMoE:
     return tiny_model()
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tokenizer_for_tests(VOCAB)
 
 
 def engine(target, tok, draft=None, **kw) -> Engine:

@@ -9,13 +9,13 @@ import json
 
 import pytest
 import torch
-from serveutil import VOCAB, tiny_model
 
 from bench.structured import structured_rows
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.structured import JsonFormat, JsonGrammars, StructuredOutputError, token_bytes
+from tests.helpers.models import VOCAB, tiny_model
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 PERSON = {
     "type": "object",

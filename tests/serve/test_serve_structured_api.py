@@ -9,8 +9,9 @@ import json
 import httpx
 import openai
 import pytest
-from serveutil import served
-from test_serve_structured import NESTED, PERSON, validate
+
+from tests.helpers.server import served
+from tests.serve.test_serve_structured import NESTED, PERSON, validate
 
 FMT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
 

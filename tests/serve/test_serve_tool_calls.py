@@ -9,17 +9,17 @@ import json
 
 import pytest
 import torch
-from serveutil import VOCAB, tiny_model
-from test_serve_structured import validate
 
 from longmoe.data.chat import END, TOOL_CALL
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.serve.api.tools import ToolPlan, ToolStream, assistant_message
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.request import Completion, Event
 from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.structured import JsonGrammars
 from longmoe.serve.tool_calls import BannedTokens, ForcedCall, call_schema, forced_call, no_call
+from tests.helpers.models import VOCAB, tiny_model
+from tests.helpers.tokenizer import tokenizer_for_tests
+from tests.serve.test_serve_structured import validate
 
 WEATHER = {
     "type": "function",

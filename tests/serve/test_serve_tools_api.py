@@ -9,9 +9,10 @@ import json
 import httpx
 import openai
 import pytest
-from serveutil import served
-from test_serve_structured import validate
-from test_serve_tool_calls import SCHEMAS, TOOLS, WEATHER
+
+from tests.helpers.server import served
+from tests.serve.test_serve_structured import validate
+from tests.serve.test_serve_tool_calls import SCHEMAS, TOOLS, WEATHER
 
 ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}

@@ -10,13 +10,14 @@ import base64
 import httpx
 import openai
 import pytest
-from serveutil import VISION, served, wait_idle
-from test_serve_images import encoded, png_bomb, uri
 
 from longmoe.data.images import decode_image, patchify
 from longmoe.eval.extract.clients import EndpointExtractClient
 from longmoe.serve.sampling import SamplingParams
 from longmoe.tasks.documents import held_out_seeds, render
+from tests.helpers.models import VISION
+from tests.helpers.server import served, wait_idle
+from tests.serve.test_serve_images import encoded, png_bomb, uri
 
 IMG = encoded("PNG", (24, 16), (10, 200, 40))  # 6 x 4 patches of 4 px
 PART = "messages.0.content.1.image_url"

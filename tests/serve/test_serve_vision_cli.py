@@ -7,13 +7,13 @@ from __future__ import annotations
 import sys
 
 import pytest
-from test_cli_chat import Keyboard
-from test_serve_images import encoded
 
 from longmoe.cli import main
 from longmoe.data.images import decode_image, patchify
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
+from tests.serve.test_cli_chat import Keyboard
+from tests.serve.test_serve_images import encoded
 
 ARGS = ["--temperature", "0", "--max-tokens", "8"]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)

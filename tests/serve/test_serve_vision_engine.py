@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from serveutil import VISION, VOCAB, tiny_model, tiny_vision_model
 
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
 from longmoe.serve.compiled import CompiledSteps
@@ -20,14 +18,10 @@ from longmoe.serve.prompt_images import PromptImages, pixel_digest
 from longmoe.serve.request import EngineError
 from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.speculative import truncated_draft
+from tests.helpers.models import VISION, tiny_model, tiny_vision_model
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 P = VISION.patch_size
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tokenizer_for_tests(VOCAB)
 
 
 @pytest.fixture(scope="module")

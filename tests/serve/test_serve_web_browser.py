@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from longmoe.data.images import decode_image, patchify
-from longmoe.serve.api import create_app, serve_in_thread
+from longmoe.serve.api import create_app
 from longmoe.serve.engine import Engine
+from tests.helpers.server import serving
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')"
@@ -47,10 +48,8 @@ def server(model_dir):
 
     engine.model.register_forward_hook(slow_and_endless)
     app = create_app(engine, model_name="tiny <b>&", api_key=KEY)
-    srv, th, port = serve_in_thread(app)
-    yield engine, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    th.join(timeout=10)
+    with serving(app) as url:
+        yield engine, url
     engine.close()
 
 
@@ -179,10 +178,8 @@ def test_chat_session(server, page):
 def vision_server(vision_dir):
     engine = Engine.from_dir(vision_dir, prefill_chunk=16, max_image_bytes=20_000)
     app = create_app(engine, model_name="tiny-vision")
-    srv, th, port = serve_in_thread(app)
-    yield engine, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    th.join(timeout=10)
+    with serving(app) as url:
+        yield engine, url
     engine.close()
 
 

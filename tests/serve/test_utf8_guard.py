@@ -9,11 +9,11 @@ import random
 
 import pytest
 import torch
-from serveutil import VOCAB
 
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.serve.structured import JsonFormat, JsonGrammars, token_bytes
 from longmoe.serve.utf8 import ACCEPT, INVALID, run
+from tests.helpers.models import VOCAB
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 ILL_FORMED = [
     b"\xed\xa0\x80",

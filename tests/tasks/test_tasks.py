@@ -9,13 +9,7 @@ from collections import Counter
 
 import pytest
 
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.tasks import FAMILIES, TASKS, TaskError, TaskItem, generate, parse_tasks
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tokenizer_for_tests(512)
 
 
 def _without_needles(item: TaskItem) -> str:

@@ -1,9 +1,10 @@
-"""Fixtures for trainer tests (helpers live in ``trainutil``)."""
+"""Fixtures for trainer tests (configs live in ``tests.helpers.train``; ``tok`` in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
-from trainutil import small_model_config, small_train_config
+
+from tests.helpers.train import small_model_config, small_train_config
 
 
 @pytest.fixture
@@ -14,10 +15,3 @@ def mcfg():
 @pytest.fixture
 def tcfg():
     return small_train_config()
-
-
-@pytest.fixture(scope="session")
-def tok():
-    from longmoe.data.tokenizer import tokenizer_for_tests
-
-    return tokenizer_for_tests(512)

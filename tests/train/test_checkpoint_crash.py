@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
-from trainutil import small_model_config, small_train_config
 
 from longmoe import checkpoint as ckpt
 from longmoe.train.plots import read_metrics
 from longmoe.train.pretrain import Trainer
+from tests.helpers.train import small_model_config, small_train_config
 
 
 def _train(run_dir, cfg_dir, *extra, fault=None):

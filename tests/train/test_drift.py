@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 
 import torch
-from trainutil import small_model_config, small_train_config
 
 from longmoe.data.stages import CurriculumStage
 from longmoe.model import LongMoE
@@ -19,6 +18,7 @@ from longmoe.train.drift import (
     routing_drift,
 )
 from longmoe.train.pretrain import Trainer, param_groups
+from tests.helpers.train import small_model_config, small_train_config
 
 E = 4
 

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from trainutil import small_model_config
 
 from longmoe import checkpoint as ckpt
 from longmoe.cli import main
@@ -18,6 +17,7 @@ from longmoe.model import LongMoE
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import read_metrics
 from longmoe.train.sft import SFTConfig, SFTData, SFTTrainer, chat_window, sft_stage
+from tests.helpers.train import small_model_config
 
 CALL = {"name": "calc", "arguments": {"expression": "2+3"}}
 TINY_ENVS = {"doclookup": {"page_chars": 60, "pages_per_doc": 2, "distractors": 1}}

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image, ImageDraw
-from trainutil import small_model_config
 
 from longmoe.config import VisionConfig
 from longmoe.data.corpus import split_of
@@ -18,6 +17,7 @@ from longmoe.data.stages import CurriculumStage
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import read_metrics
 from longmoe.train.pretrain import Trainer
+from tests.helpers.train import small_model_config
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 230)}
 VIS = VisionConfig(patch_size=8, max_image_side=32, encoder="vit", width=32, depth=1, heads=2)

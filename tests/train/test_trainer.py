@@ -9,7 +9,6 @@ import re
 
 import pytest
 import torch
-from trainutil import small_train_config
 
 from longmoe.checkpoint import CheckpointError
 from longmoe.config import ConfigError, preset
@@ -19,6 +18,7 @@ from longmoe.inspect import param_counts, training_memory
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import read_metrics, render
 from longmoe.train.pretrain import Trainer, check_memory, config_differences, lr_at, param_groups
+from tests.helpers.train import small_train_config
 
 
 def losses(run_dir):

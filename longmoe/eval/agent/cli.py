@@ -14,7 +14,7 @@ function-calling API (``EndpointAgent``, ``--concurrency`` episodes at a time). 
 ``OUT/agent_episodes.jsonl``, ``OUT/agent_summary.{json,md}`` and
 ``OUT/plots/agent_success_by_horizon.png``. ``--expert`` plays the environments' scripted expert
 instead of a model: success 1.0 by construction, so it checks the setup and shows how long the
-episodes get (tokens counted with ``--tokenizer``, default the standard-library BPE).
+episodes get (tokens counted with the tokenizer ``--tokenizer`` names, which it requires).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 from tqdm import tqdm
 
 from longmoe.checkpoint import TOKENIZER_FILE
-from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
+from longmoe.data.tokenizer import Tokenizer
 from longmoe.envs import ENVS, EnvConfigError, env_config, make_env
 from longmoe.eval.agent.harness import (
     EnvFactory,
@@ -133,8 +133,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.expert:
             path = args.tokenizer
-            path = path / TOKENIZER_FILE if path is not None and path.is_dir() else path
-            tok = Tokenizer.from_file(path) if path is not None else tokenizer_for_tests(2048)
+            if path is None:
+                raise EvalError("--expert needs --tokenizer FILE|DIR to count the episodes' tokens")
+            path = path / TOKENIZER_FILE if path.is_dir() else path
+            tok = Tokenizer.from_file(path)
             policy = ExpertAgent(tok)
         elif args.endpoint is not None:
             key = args.api_key or os.environ.get(args.api_key_env or "OPENAI_API_KEY")

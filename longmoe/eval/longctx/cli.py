@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from longmoe.checkpoint import TOKENIZER_FILE, load_model
-from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
+from longmoe.data.tokenizer import Tokenizer
 from longmoe.eval.args import add_backend_arguments, add_count_arguments, add_output_arguments
 from longmoe.eval.clients import EndpointClient, LocalClient
 from longmoe.eval.errors import EvalError, check_positive
@@ -132,10 +132,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _endpoint_tokenizer(path: Path | None) -> Tokenizer:
     if path is None:
-        print(
-            "note: task lengths are counted with longmoe's standard-library BPE (give --tokenizer to change)"
+        raise EvalError(
+            "--endpoint needs --tokenizer FILE|DIR to count task lengths (e.g. the served model's dir)"
         )
-        return tokenizer_for_tests(2048)
     if path.is_dir():
         path = path / TOKENIZER_FILE
     if not path.is_file():

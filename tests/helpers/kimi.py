@@ -1,4 +1,5 @@
-"""A tiny random transformers ``KimiLinearForCausalLM`` with every parameter made non-trivial."""
+"""A tiny random transformers ``KimiLinearForCausalLM`` with every parameter made non-trivial (interop
+tests; ``transformers`` is imported lazily, so the module imports without it)."""
 
 from __future__ import annotations
 

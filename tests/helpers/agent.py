@@ -1,15 +1,9 @@
-"""Agent-test helpers: a tiny fake environment (any turn is accepted) and a saved tiny model."""
+"""A tiny fake environment for the agent and RL tests: any turn is accepted."""
 
 from __future__ import annotations
 
-import torch
-
-from longmoe.config import preset
 from longmoe.data.chat import AssistantTurn
 from longmoe.envs.base import StepResult
-from longmoe.model import LongMoE
-
-VOCAB = 512
 
 
 class FakeEnv:
@@ -43,13 +37,3 @@ class FakeEnv:
     @property
     def horizon(self) -> int:
         return self.n
-
-
-def tiny_model(seed: int = 0) -> LongMoE:
-    torch.manual_seed(seed)
-    cfg = preset("tiny").replace(vocab_size=VOCAB, max_seq_len=1024, tie_embeddings=False)
-    m = LongMoE(cfg)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return m.eval()

@@ -1,46 +1,40 @@
-"""Helpers for multi-process tests: run a function on N gloo ranks and the small model and
-curriculum the trainer tests share (unique module name: conftest imports would collide)."""
+"""Trainer-test configs: a small MoE model with a 2-stage curriculum (one process), a smaller pair for
+multi-process runs, and the losses a run logged."""
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-from collections.abc import Callable
 from pathlib import Path
-
-import torch.multiprocessing as mp
 
 from longmoe.config import FFNConfig, ModelConfig, preset
 from longmoe.data.stages import CurriculumStage
-from longmoe.distributed.parallel_dims import init_distributed, teardown
 from longmoe.train.config import TrainConfig
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
+def small_model_config() -> ModelConfig:
+    return preset("tiny").replace(
+        vocab_size=512, d_model=64, n_layers=4, kda_heads=2, kda_head_dim=16, kda_gate_rank=8,
+        mla_heads=2, mla_head_dim=16, mla_v_head_dim=16, mla_q_lora_rank=32, mla_kv_lora_rank=16,
+        attn_res_blocks=2,
+        ffn=FFNConfig(kind="moe", dense_hidden=128, n_experts=8, top_k=2, n_shared=1, latent_ratio=2,
+                      expert_hidden=32, shared_hidden=64, first_k_dense=1),
     )  # fmt: skip
-    init_distributed("cpu")
-    try:
-        fn(rank, *args)
-    finally:
-        teardown()
 
 
-def run_ranks(fn: Callable, world: int, *args: object) -> None:
-    """Run ``fn(rank, *args)`` in ``world`` spawned processes joined in a gloo group; re-raises failures."""
-    mp.spawn(_worker, args=(world, free_port(), fn, args), nprocs=world, join=True)
+def small_train_config(**kw) -> TrainConfig:
+    stages = [
+        CurriculumStage("a", window=64, tokens=64 * 4 * 6, batch_size=4),
+        CurriculumStage(
+            "b", window=128, tokens=128 * 2 * 4, batch_size=2, replay_fraction=0.25, replay_window=64
+        ),
+    ]
+    base = dict(stages=stages, warmup_steps=2, eval_every=5, ckpt_every=3, val_windows=2, lr=3e-3)
+    base.update(kw)
+    return TrainConfig(**base)
 
 
-def model_config() -> ModelConfig:
+def dist_model_config() -> ModelConfig:
+    """Half the width of ``small_model_config`` and 4 experts: cheap on several processes."""
     return preset("tiny").replace(
         vocab_size=512, d_model=32, n_layers=4, kda_heads=2, kda_head_dim=8, kda_gate_rank=8,
         mla_heads=2, mla_head_dim=8, mla_v_head_dim=8, mla_q_lora_rank=16, mla_kv_lora_rank=8,
@@ -50,7 +44,7 @@ def model_config() -> ModelConfig:
     )  # fmt: skip
 
 
-def train_config() -> TrainConfig:
+def dist_train_config() -> TrainConfig:
     # stage b: 1 long window + replay windows per batch, so the ranks' shares differ in length
     stages = [
         CurriculumStage("a", window=32, tokens=32 * 4 * 3, batch_size=4),
