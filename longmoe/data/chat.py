@@ -37,7 +37,7 @@ from longmoe.data.images import image_span
 
 if TYPE_CHECKING:
     from longmoe.data.tokenizer import Tokenizer
-    from longmoe.layers.vision import Patches
+    from longmoe.types import Patches
 
 ROLE_TOKENS = {
     "system": "<|system|>",

@@ -196,7 +196,7 @@ def test_image_parts_become_their_spans_in_order() -> None:
     the part stands; text around it is unchanged; counts that do not match are errors."""
     import torch
 
-    from longmoe.layers.vision import Patches
+    from longmoe.types import Patches
 
     tok = tokenizer_for_tests()
     a, b = Patches(torch.zeros(6, 48), 2, 3), Patches(torch.zeros(1, 48), 1, 1)
