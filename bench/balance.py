@@ -21,11 +21,11 @@ import torch
 
 from bench.common import RESULTS, markdown_table, write_results
 from longmoe.config import FFNConfig, ModelConfig
-from longmoe.data.mix import make_mix
 from longmoe.data.packing import Packer, collate
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.layers import balance
 from longmoe.model import LongMoE
+from longmoe.train.mix import make_mix
 
 BALANCERS = ("quantile", "sign", "aux", "none")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from longmoe.config import IGNORE_INDEX
-from longmoe.data.mix import SYNTHETIC_TASKS, make_source
 from longmoe.data.packing import Packer
 from longmoe.data.tokenizer import tokenizer_for_tests
+from longmoe.train.mix import SYNTHETIC_TASKS, make_source
 
 FAMILIES = ("niah", "multihop", "conflict", "recall")
 
