@@ -21,10 +21,10 @@ import torch
 
 from bench.common import RESULTS, bench_tokenizer, markdown_table, write_results
 from longmoe.config import FFNConfig, ModelConfig
-from longmoe.data.mix import make_mix
 from longmoe.data.packing import Packer, collate
 from longmoe.layers import balance
 from longmoe.model import LongMoE
+from longmoe.train.mix import make_mix
 
 BALANCERS = ("quantile", "sign", "aux", "none")
 

@@ -253,10 +253,34 @@ def save_model_dir(path: str | Path, model: LongMoE, tokenizer: Tokenizer) -> Pa
     return path
 
 
+def first_mismatch(own: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> str | None:
+    """The first tensor in which a weights file (``theirs``) and a model (``own``) disagree, in words,
+    with how many more do; None when every name and shape matches."""
+    found = [f"it lacks tensor {k!r}" for k in own if k not in theirs]
+    found += [
+        f"tensor {k!r} is {list(theirs[k].shape)} there, {list(own[k].shape)} in the model"
+        for k in own
+        if k in theirs and theirs[k].shape != own[k].shape
+    ]
+    found += [f"it has tensor {k!r}, which the model lacks" for k in theirs if k not in own]
+    if not found:
+        return None
+    return found[0] + (f" (and {len(found) - 1} more mismatches)" if len(found) > 1 else "")
+
+
 def load_weights(model: LongMoE, model_dir: str | Path) -> None:
     """Load a model (or checkpoint) directory's weights into an existing ``model`` in place (a resumed
-    trainer keeps its parameters, which the optimizer holds)."""
-    model.load_state_dict(load_file(str(Path(model_dir) / WEIGHTS_FILE)))
+    trainer keeps its parameters, which the optimizer holds). Weights written for another model
+    config are a ``CheckpointError`` naming the file and the first tensor that differs."""
+    w_file = Path(model_dir) / WEIGHTS_FILE
+    try:
+        sd = load_file(str(w_file))
+    except Exception as e:  # safetensors raises its own error types for corrupt files
+        raise CheckpointError(f"{w_file} is not a readable safetensors file: {e}") from e
+    why = first_mismatch(model.state_dict(), sd)
+    if why is not None:
+        raise CheckpointError(f"{w_file} does not fit the model (weights of another model config?): {why}")
+    model.load_state_dict(sd)
 
 
 def training_window(model_dir: str | Path, cfg: ModelConfig) -> int:
@@ -292,6 +316,11 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> LoadedMo
     """The one loader: a model directory or a training run (``resolve_model_dir``) -> model, tokenizer
     and ``ModelMeta``. Errors name the missing or mismatched piece."""
     d = resolve_model_dir(path)
-    model = LongMoE.from_pretrained(d, device=device).eval()
+    try:
+        model = LongMoE.from_pretrained(d, device=device).eval()
+    except ValueError as e:  # weights unreadable or of another config (config errors are UserErrors)
+        if isinstance(e, UserError):
+            raise
+        raise CheckpointError(str(e)) from e
     tokenizer = Tokenizer.from_file(d / TOKENIZER_FILE)
     return LoadedModel(model, tokenizer, ModelMeta(d, model.cfg, training_window(d, model.cfg)))

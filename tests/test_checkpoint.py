@@ -9,8 +9,12 @@ import pytest
 import torch
 
 from longmoe import checkpoint as ckpt
+from longmoe.cli import main
 from longmoe.config import preset
+from longmoe.data.stages import CurriculumStage
 from longmoe.model import LongMoE
+from longmoe.train.config import TrainConfig
+from longmoe.train.pretrain import Trainer
 
 
 def tiny_model(tok, seed: int = 0) -> LongMoE:
@@ -102,3 +106,50 @@ def test_load_weights_in_place(tmp_path, tok):
     p = dst.embed.weight
     ckpt.load_weights(dst, tmp_path / "m")
     assert dst.embed.weight is p and torch.equal(p, src.embed.weight)
+
+
+def weights_of_another_config(tok, model_dir) -> None:
+    """Overwrite ``model_dir``'s weights with those of a wider model (its config.json unchanged)."""
+    other = LongMoE(tiny_model(tok).cfg.replace(d_model=96))
+    other.save_pretrained(model_dir.parent / "other")
+    shutil.copyfile(model_dir.parent / "other" / ckpt.WEIGHTS_FILE, model_dir / ckpt.WEIGHTS_FILE)
+
+
+def test_weights_of_another_config_name_the_file_and_first_tensor(tmp_path, tok):
+    """Both loaders (in place, and the one model loader) refuse foreign weights with a UserError."""
+    ckpt.save_model_dir(tmp_path / "m", tiny_model(tok), tok)
+    weights_of_another_config(tok, tmp_path / "m")
+    with pytest.raises(ckpt.CheckpointError, match=r"m/model\.safetensors .*'embed\.weight' is \[512, 96\]"):
+        ckpt.load_weights(tiny_model(tok), tmp_path / "m")
+    with pytest.raises(ckpt.CheckpointError, match=r"m/model\.safetensors does not match .*shape mismatch"):
+        ckpt.load_model(tmp_path / "m")  # from_pretrained's check, as a UserError
+    own = tiny_model(tok).state_dict()
+    assert ckpt.first_mismatch(own, own) is None
+    fewer = {k: v for k, v in own.items() if k != "embed.weight"}
+    assert ckpt.first_mismatch(own, fewer) == "it lacks tensor 'embed.weight'"
+    assert ckpt.first_mismatch(fewer, own) == "it has tensor 'embed.weight', which the model lacks"
+
+
+def test_resume_onto_weights_of_another_config_is_one_cli_error_line(tmp_path, tok, capsys):
+    """`longmoe train --resume` whose newest checkpoint holds another config's weights (a complete,
+    hash-consistent checkpoint: e.g. written by an older longmoe) ends in one error line, no traceback."""
+    cfg = preset("tiny").replace(
+        vocab_size=512, d_model=32, n_layers=2, layer_pattern="LM", attn_res_blocks=1
+    )
+    stage = CurriculumStage("a", window=32, tokens=32 * 2 * 3, batch_size=2)
+    tcfg = TrainConfig(stages=[stage], ckpt_every=1, eval_every=0, val_windows=1)
+    run = tmp_path / "run"
+    Trainer(run, cfg, tcfg, tok, progress=False, max_steps=1).fit()
+    # step 2: step 1's files with a wider model's weights, sealed like any checkpoint
+    tmp = ckpt.tmp_dir(run, 2)
+    shutil.copytree(ckpt.step_dir(run, 1), tmp)
+    (tmp / ckpt.MANIFEST).unlink()
+    LongMoE(cfg.replace(d_model=48)).save_pretrained(tmp_path / "other")
+    shutil.copyfile(tmp_path / "other" / ckpt.WEIGHTS_FILE, tmp / ckpt.WEIGHTS_FILE)
+    newest = ckpt.finalize(tmp, run, 2, keep_last=3)
+    assert main(["train", "--resume", "--no-progress", "--no-plots", "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("longmoe train: error: ")]
+    assert len(lines) == 1, err
+    assert str(newest / ckpt.WEIGHTS_FILE) in lines[0] and "'embed.weight' is [512, 48]" in lines[0], lines[0]

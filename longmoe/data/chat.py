@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from longmoe.data.images import image_span
 
-if TYPE_CHECKING:  # the tokenizer imports this module for its template
+if TYPE_CHECKING:
     from longmoe.data.tokenizer import Tokenizer
-    from longmoe.layers.vision import Patches
+    from longmoe.types import Patches
 
 ROLE_TOKENS = {
     "system": "<|system|>",

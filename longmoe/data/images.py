@@ -25,7 +25,7 @@ from PIL import Image
 
 from longmoe.config import IGNORE_INDEX, VisionConfig
 from longmoe.data.corpus import ImageRef
-from longmoe.layers.vision import Patches
+from longmoe.types import Patches
 
 if TYPE_CHECKING:
     from longmoe.data.tokenizer import Tokenizer

@@ -34,7 +34,7 @@ import torch
 from longmoe.config import IGNORE_INDEX
 from longmoe.data.corpus import DataError, Document
 from longmoe.data.images import ImageError, ImageLoader
-from longmoe.layers.vision import Patches
+from longmoe.types import Patches
 
 log = logging.getLogger(__name__)
 

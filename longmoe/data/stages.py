@@ -1,8 +1,8 @@
 """Curriculum stages: the typed, validated description of one stage of the context curriculum
 (window, token budget, data mix, short-window replay), and the default tiny schedule.
 
-A stage is data's concept (``longmoe.data.curriculum.Curriculum`` turns a list of them into packed
-batches); ``TrainConfig.stages`` holds them and ``train_config.json`` stores them.
+A stage is data's concept, a plain description (``longmoe.train.curriculum.Curriculum`` turns a list
+of them into packed batches); ``TrainConfig.stages`` holds them and ``train_config.json`` stores them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from longmoe.config import _check, check_types, is_positive_int
-from longmoe.data.mix import SYNTHETIC_LOSS, valid_length_range
+
+SYNTHETIC_LOSS = ("all", "answer")  # which tokens of a task document are training targets
+
+
+def valid_length_range(r: object) -> bool:
+    """``[lo, hi]`` with ``0 < lo <= hi < 1``: task-document lengths as fractions of the window."""
+    return (
+        isinstance(r, (list, tuple))
+        and len(r) == 2
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
+        and 0.0 < r[0] <= r[1] < 1.0
+    )
 
 
 @dataclass

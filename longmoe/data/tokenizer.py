@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from longmoe.data.chat import render_messages
 from longmoe.errors import UserError
 
 TOKENIZER_FILE = "tokenizer.json"  # the tokenizer's file in a model directory
@@ -58,7 +56,8 @@ class TokenizerError(UserError, ValueError):
 
 
 class Tokenizer:
-    """Thin wrapper: encode/decode, special-token ids as attributes, chat template."""
+    """Thin wrapper: encode/decode, special-token ids as attributes (the chat template is
+    ``longmoe.data.chat.render_messages``)."""
 
     def __init__(self, hf: _HFTokenizer) -> None:
         self._tok = hf
@@ -158,17 +157,3 @@ class Tokenizer:
     @property
     def special_ids(self) -> dict[str, int]:
         return {t: self._tok.token_to_id(t) for t in SPECIAL_TOKENS}
-
-    # ------------------------------------------------------------------ chat
-    def apply_chat_template(
-        self,
-        messages: list[dict[str, Any]],
-        add_generation_prompt: bool = True,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> str:
-        """Render OpenAI-style messages into the model's chat format (``longmoe.data.chat``).
-
-        With ``add_generation_prompt`` the string ends with ``<|assistant|>\\n`` ready to generate;
-        ``tools`` (OpenAI function schemas) are shown in the system message.
-        """
-        return render_messages(messages, add_generation_prompt, tools)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -26,21 +25,9 @@ from torch import nn
 from longmoe.config import VisionConfig
 from longmoe.layers.mlp import GLUMLP
 from longmoe.layers.norm import RMSNorm
+from longmoe.types import Patches
 
 PIXEL_MEAN = 0.5  # pixels in [0, 1] are centred before the patch projection
-
-
-class Patches(NamedTuple):
-    """One image as patches: ``pixels [rows*cols, 3*P*P]`` float32 in [0, 1], row-major over the grid;
-    each patch is its ``[3, P, P]`` block flattened (channel, then y, then x)."""
-
-    pixels: torch.Tensor
-    rows: int
-    cols: int
-
-    @property
-    def n(self) -> int:
-        return self.rows * self.cols
 
 
 class ViTBlock(nn.Module):

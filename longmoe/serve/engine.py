@@ -48,7 +48,7 @@ import torch
 
 from longmoe.cache import Cache
 from longmoe.checkpoint import load_model
-from longmoe.data.chat import encode_chat
+from longmoe.data.chat import encode_chat, render_messages
 from longmoe.data.images import image_span
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.layers.vision import Patches
@@ -177,7 +177,7 @@ class Engine:
         try:
             if images:
                 return encode_chat(self.tokenizer, messages, True, self.cfg.add_bos, tools, images=images).ids
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+            text = render_messages(messages, add_generation_prompt=True, tools=tools)
         except (ValueError, AttributeError, TypeError) as e:
             raise EngineError("messages", str(e)) from e
         return self.tokenizer.encode(text, bos=self.cfg.add_bos)

@@ -1,6 +1,6 @@
 """Synthetic long-context tasks: ``generate(task, n, length, seed, tokenizer, depth=None)``.
 
-Shared by pretraining data (``longmoe.data.mix``), evaluation (``longmoe.eval``) and, next, RL
+Shared by pretraining data (``longmoe.train.mix``), evaluation (``longmoe.eval``) and, next, RL
 environments, so this package sits below all of them.
 
 ``FAMILIES`` is the one registry of task families (name -> module with ``VARIANTS`` and

@@ -38,7 +38,6 @@ from tqdm import tqdm
 from longmoe import checkpoint as ckpt
 from longmoe.config import IGNORE_INDEX, IMAGE_PATCH_TOKEN_ID, ConfigError, ModelConfig
 from longmoe.data.corpus import corpus_texts
-from longmoe.data.curriculum import Curriculum, val_batches
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.distributed import checkpoint as dcp_ckpt
 from longmoe.distributed.parallel_dims import ParallelDims, barrier, init_distributed, is_rank0
@@ -48,6 +47,7 @@ from longmoe.inspect import training_memory
 from longmoe.model import WEIGHTS_FILE, LongMoE, ModelOutput
 from longmoe.runtime import available_memory_bytes
 from longmoe.train.config import TrainConfig
+from longmoe.train.curriculum import Curriculum, val_batches
 from longmoe.train.drift import freeze_routing
 from longmoe.train.plots import read_metrics_lines
 from longmoe.train.sharding import (

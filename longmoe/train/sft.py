@@ -32,7 +32,6 @@ import torch
 from longmoe import checkpoint as ckpt
 from longmoe.config import IGNORE_INDEX, JsonConfig, ModelConfig, _check, check_types, is_positive_int
 from longmoe.data.chat import encode_chat
-from longmoe.data.curriculum import Curriculum, val_batches
 from longmoe.data.packing import Window, collate
 from longmoe.data.stages import CurriculumStage
 from longmoe.data.tokenizer import Tokenizer
@@ -41,6 +40,7 @@ from longmoe.envs import ENVS, HELD_OUT_SEED_BASE, Env, Episode, env_config, mak
 from longmoe.errors import UserError
 from longmoe.model import LongMoE
 from longmoe.train.config import TrainConfig
+from longmoe.train.curriculum import Curriculum, val_batches
 from longmoe.train.drift import RoutingDrift, routing_choices, routing_drift
 from longmoe.train.pretrain import Trainer
 

@@ -83,7 +83,7 @@ def test_resume_reproduces_stream(lengths: list[int], window: int, k: int) -> No
 
 def test_resume_with_real_tokenizer_and_epochs() -> None:
     """Resume on the real stdlib stream (tokenized, shuffled by seed) reproduces the same sample."""
-    from longmoe.data.mix import make_source
+    from longmoe.train.mix import make_source
 
     tok = tokenizer_for_tests()
     a = Packer(make_source("file", "val", seed=3), tok.encode, tok.bos_id, tok.eos_id)

@@ -1,4 +1,4 @@
-"""Tokenizer: exact round trip, special-token ids, save/load, chat template."""
+"""Tokenizer: exact round trip, special-token ids, save/load."""
 
 from __future__ import annotations
 
@@ -58,30 +58,6 @@ def test_compresses_python_source() -> None:
     tok = tokenizer_for_tests()
     s = "def __init__(self, name, value=None):\n        self.name = name\n        return self\n"
     assert len(tok.encode(s)) < 0.6 * len(s.encode())
-
-
-def test_chat_template() -> None:
-    """The template renders roles, tool calls and results, and the generation prompt."""
-    tok = tokenizer_for_tests()
-    msgs = [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "2+2?"},
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [{"function": {"name": "calc", "arguments": '{"x": "2+2"}'}}],
-        },
-        {"role": "tool", "content": "4"},
-    ]
-    s = tok.apply_chat_template(msgs)
-    assert s == (
-        "<|system|>\nbe brief<|end|>\n<|user|>\n2+2?<|end|>\n<|assistant|>\n"
-        '<|tool_call|>{"name": "calc", "arguments": {"x": "2+2"}}<|end|>\n'
-        "<|tool_result|>\n4<|end|>\n<|assistant|>\n"
-    )
-    ids = tok.encode(s)
-    assert ids[0] == tok.system_id and ids[-2:-1] == [tok.assistant_id] or ids[-1] == tok.assistant_id
-    assert tok.decode(ids) == s
 
 
 def test_vocab_too_small_is_clear_error() -> None:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from longmoe.config import VisionConfig
-from longmoe.layers.vision import Patches, VisionEncoder
+from longmoe.layers.vision import VisionEncoder
+from longmoe.types import Patches
 
 
 def patches(rows: int, cols: int, seed: int, p: int = 4) -> Patches:

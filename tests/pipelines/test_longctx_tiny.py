@@ -8,14 +8,14 @@ import json
 import pytest
 
 from longmoe.config import ConfigError
-from longmoe.data import mix
-from longmoe.data.curriculum import Curriculum
 from longmoe.pipelines.longctx_tiny.__main__ import main, parse_args, pattern_command
 from longmoe.pipelines.longctx_tiny.checks import check, expected_checks, two_se
 from longmoe.pipelines.longctx_tiny.config import CONFIG_FILE, RecipeConfig
 from longmoe.pipelines.longctx_tiny.report import write_report
 from longmoe.pipelines.longctx_tiny.result import AnswerLoss, EvalResult, RecipeResult, TrainResult
 from longmoe.pipelines.longctx_tiny.run import model_config, n_params, train_config
+from longmoe.train import mix
+from longmoe.train.curriculum import Curriculum
 from tests.helpers.tokenizer import tokenizer_for_tests
 
 

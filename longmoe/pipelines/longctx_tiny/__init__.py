@@ -19,7 +19,7 @@ comparison plots in ``OUT/plots/`` (``report``). ``run.run_recipe`` takes a ``Re
 Synthetic documents are rendered at ``window x U[lo, hi]`` tokens (``synthetic_length``), not at
 the full window: the packer lays documents back to back and a document of a full window (plus bos,
 answer and eos) would always be cut, its question and answer landing in the next window without the
-context they depend on. ``longmoe.data.mix.SyntheticSource`` does this; each curriculum stage carries
+context they depend on. ``longmoe.train.mix.SyntheticSource`` does this; each curriculum stage carries
 its own range (``CurriculumStage.synthetic_length``).
 
 Training is a two-stage curriculum over document length, short before long as in the seeds: the

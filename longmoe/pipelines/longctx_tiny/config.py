@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.config import JsonConfig, dataclass_from_dict, load_json
-from longmoe.data.mix import SYNTHETIC_LOSS, SYNTHETIC_TASKS, valid_length_range
 from longmoe.tasks import TASKS
+from longmoe.train.mix import SYNTHETIC_LOSS, SYNTHETIC_TASKS, valid_length_range
 
 CONFIG_FILE = Path(__file__).with_name("config.json")
 

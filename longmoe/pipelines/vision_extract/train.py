@@ -90,7 +90,7 @@ def train_extractor(
     sched = TrainConfig(lr=rc.lr, warmup_steps=rc.warmup_steps, schedule="cosine")
     step, seconds, curve = 0, 0.0, []
     if (out / CKPT).is_file():
-        st = torch.load(out / CKPT, weights_only=False)
+        st = torch.load(out / CKPT, weights_only=True)  # tensors and plain containers: no code runs
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         step, seconds, curve = st["step"], st["seconds"], st["curve"]

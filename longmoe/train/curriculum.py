@@ -20,10 +20,10 @@ from typing import Any
 
 from longmoe.config import VisionConfig
 from longmoe.data.images import ImageLoader
-from longmoe.data.mix import make_mix
 from longmoe.data.packing import Packer, collate
 from longmoe.data.stages import CurriculumStage
 from longmoe.data.tokenizer import Tokenizer
+from longmoe.train.mix import make_mix
 
 
 def _mix_key(

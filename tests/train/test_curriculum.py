@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from longmoe.config import ConfigError
-from longmoe.data.curriculum import Curriculum
 from longmoe.data.stages import CurriculumStage
 from longmoe.train.config import TrainConfig
+from longmoe.train.curriculum import Curriculum
 from tests.helpers.tokenizer import tokenizer_for_tests
 
 
@@ -104,7 +104,7 @@ def test_stage_synthetic_length_reaches_the_documents_and_round_trips(tmp_path) 
 
 def test_synthetic_draw_too_short_for_a_task_is_redrawn_longer() -> None:
     """Conflict items cannot be short: a range far below their minimum still yields valid documents."""
-    from longmoe.data.mix import make_source
+    from longmoe.train.mix import make_source
 
     tok = tokenizer_for_tests(512)
     src = make_source(

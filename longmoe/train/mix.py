@@ -9,7 +9,8 @@ Source names used in a curriculum stage's ``mix`` (``{"file": 0.7, "synthetic": 
   contain dependencies that need the long context. ``synthetic`` cycles through all families.
 
 The mix picks the source of document ``i`` from a hash of ``(seed, i)``: no RNG object to save, so
-the mix position is just ``i`` plus each source's own position.
+the mix position is just ``i`` plus each source's own position. The mix lives in ``train``, above both
+``data`` (corpus, packing) and ``tasks`` (which builds on ``data``), so neither imports the other's user.
 """
 
 from __future__ import annotations
@@ -21,21 +22,11 @@ from typing import Any
 
 from longmoe.data.corpus import Document, corpus_documents
 from longmoe.data.packing import DocSource, StreamSource
+from longmoe.data.stages import SYNTHETIC_LOSS, valid_length_range
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.tasks import FAMILIES, TooShortError, generate
 
 SYNTHETIC_TASKS: tuple[str, ...] = tuple(FAMILIES)  # the task families of the registry
-SYNTHETIC_LOSS = ("all", "answer")  # which tokens of a task document are training targets
-
-
-def valid_length_range(r: object) -> bool:
-    """``[lo, hi]`` with ``0 < lo <= hi < 1``: task-document lengths as fractions of the window."""
-    return (
-        isinstance(r, (list, tuple))
-        and len(r) == 2
-        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
-        and 0.0 < r[0] <= r[1] < 1.0
-    )
 
 
 def _unit(seed: int, i: int) -> float:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from longmoe.config import IGNORE_INDEX
-from longmoe.data.mix import SYNTHETIC_TASKS, make_source
 from longmoe.data.packing import Packer
+from longmoe.train.mix import SYNTHETIC_TASKS, make_source
 
 FAMILIES = ("niah", "multihop", "conflict", "recall")
 
