@@ -58,12 +58,12 @@ from longmoe.serve.budget import CacheBudget, CacheSpec
 from longmoe.serve.compiled import CompiledSteps
 from longmoe.serve.detok import IncrementalDetokenizer
 from longmoe.serve.engine_config import EngineConfig
+from longmoe.serve.errors import EngineError
 from longmoe.serve.prefix_cache import PrefixCache
 from longmoe.serve.prompt_images import check_images, chunk_embeds, image_token_ids
 from longmoe.serve.request import (
     FINISH_REASONS,
     Completion,
-    EngineError,
     Event,
     Request,
     RequestHandle,

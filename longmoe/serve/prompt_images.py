@@ -27,7 +27,7 @@ import torch
 
 from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
-from longmoe.serve.request import EngineError
+from longmoe.serve.errors import EngineError
 
 if TYPE_CHECKING:
     from longmoe.data.tokenizer import Tokenizer

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from longmoe.cache import Cache
 from longmoe.serve.budget import CacheBudget, CacheBudgetError
 from longmoe.serve.detok import IncrementalDetokenizer
+from longmoe.serve.errors import EngineError
 from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice
 from longmoe.serve.session import Session
 from longmoe.serve.stops import find_stop, safe_end
@@ -24,14 +25,6 @@ if TYPE_CHECKING:
     from longmoe.serve.prompt_images import Mark, PromptImages
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
-
-
-class EngineError(ValueError):
-    """A request the engine cannot take; ``param`` names the offending field."""
-
-    def __init__(self, param: str, message: str, status: int = 400) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param, self.status = param, status
 
 
 @dataclass

@@ -11,7 +11,8 @@ import torch
 from serveutil import MAX_CONTEXT, VOCAB
 
 from longmoe.serve.detok import CONTEXT_TOKENS, MAX_WINDOW
-from longmoe.serve.engine import Engine, EngineConfig, EngineError
+from longmoe.serve.engine import Engine, EngineConfig
+from longmoe.serve.errors import EngineError
 from longmoe.serve.sampling import SamplerState, SamplingError, SamplingParams, process_logits
 
 PROMPTS = ["import os", "class Foo(object):\n    def", "x = [1, 2, 3]\nfor", "def main(argv):\n    return"]
