@@ -1,23 +1,14 @@
 """The inference engine: the public API, one background thread, and the loop that runs steps.
 
-As vLLM's engine core, it is a thin loop over two parts: the **scheduler** (``serve/scheduler.py``:
-queues, admission against the ``CacheBudget``, prefix snapshots, sessions, cancellation; no tensors)
-decides what each step runs, and the **model runner** (``serve/runner.py``: prefill chunks, batched
-decode, compiled steps, speculation, banned tokens, sampling) runs it. One step:
-
-1. ``Scheduler.intake``: new submissions; cancelled requests finish (their rows and budget are freed);
-2. ``Scheduler.schedule``: admit waiting requests in arrival order while the batch has room
-   (``max_batch``) and the budget can reserve their whole life; plan the step (``StepPlan``);
-3. ``ModelRunner.decode``: one batched decode step for every running row (``[B, 1]`` tokens, per-row
-   sampling with each request's own RNG; with a draft model, draft ``k`` and verify in one forward);
-4. ``ModelRunner.prefill``: one prompt chunk (about ``prefill_chunk`` tokens, shared as a ``[k, L]``
-   batch by the oldest prefilling requests), so a long prompt advances a slice per step while the
-   others keep decoding; a request whose prompt is complete gets its first token;
-5. regroup: finished rows leave the batch cache, requests whose prefill ended join. Membership only
-   changes here, between steps.
-
+As vLLM's engine core, a thin loop over two parts: the **scheduler** (``serve/scheduler.py``: queues,
+admission against the ``CacheBudget``, prefix snapshots, sessions, cancellation; no tensors) plans
+each step, the **model runner** (``serve/runner.py``: prefill chunks, batched decode, compiled steps,
+speculation, banned tokens, sampling) runs it. A step: ``intake`` (submissions, cancellations),
+``schedule`` (admit in arrival order; the ``StepPlan``), one batched decode step for every running row,
+one prefill chunk shared by the oldest prefilling requests (a request whose prompt is complete gets its
+first token), then regroup: finished rows leave the batch cache, prefilled requests join it.
 Tokenisation (``encode_prompt``, ``encode_chat``) and building the ``Request`` happen here, on the
-caller's thread. Prefix reuse, speculative decoding, sessions and images: see the scheduler and runner.
+caller's thread. Prefix reuse, speculative decoding, sessions and images never change greedy outputs.
 """
 
 from __future__ import annotations
@@ -77,29 +68,26 @@ class Engine:
             raise ValueError(
                 f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {self.vocab_size}"
             )
-        # a model with a vision encoder must never generate an image token (decode has no pixels)
+        c = self.cfg
+        banned = image_token_ids(model, tokenizer)  # a vision model must never generate an image token
         self.runner = ModelRunner(
             model,
-            compile=self.cfg.compile,
+            compile=c.compile,
             draft=draft,
-            num_speculative_tokens=self.cfg.num_speculative_tokens,
-            banned=image_token_ids(model, tokenizer),
+            num_speculative_tokens=c.num_speculative_tokens,
+            banned=banned,
         )
         self.model, self.device = self.runner.model, self.runner.device
         self.speculator = self.runner.speculator
         self.spec = CacheSpec.of_cache(self.runner.new_cache())
-        self.budget = CacheBudget(self.spec, self.cfg.cache_budget_bytes, self.cfg.block_size)
-        self.prefix = (
-            PrefixCache(self.budget, self.cfg.prefix_block_size, self.device)
-            if self.cfg.prefix_cache
-            else None
-        )
+        self.budget = CacheBudget(self.spec, c.cache_budget_bytes, c.block_size)
+        self.prefix = PrefixCache(self.budget, c.prefix_block_size, self.device) if c.prefix_cache else None
         self.scheduler = Scheduler(
             self.budget,
             self.runner.new_cache,
-            max_batch=self.cfg.max_batch,
-            max_waiting=self.cfg.max_waiting,
-            prefill_chunk=self.cfg.prefill_chunk,
+            max_batch=c.max_batch,
+            max_waiting=c.max_waiting,
+            prefill_chunk=c.prefill_chunk,
             max_context=self.max_context,
             prefix=self.prefix,
         )

@@ -1,21 +1,15 @@
 """The scheduler: request queues, admission against the cache budget, and each step's batch.
 
-As vLLM's scheduler, it is bookkeeping only (no tensors, no forward pass; the model runner,
-``serve/runner.py``, does those), so it can be tested without a model. Caches pass through it as
-opaque objects: a fresh one comes from ``new_cache``, a session's kept row from ``Sessions``, a prefix
-snapshot from ``PrefixCache``.
+As vLLM's scheduler, bookkeeping only (no tensors, no forward pass: ``serve/runner.py`` does those),
+so it is tested without a model. Caches pass through it as opaque objects (a fresh one from
+``new_cache``, a session's kept row from ``Sessions``, a prefix snapshot from ``PrefixCache``).
 
-A request moves ``incoming`` (submitted, any thread) → ``waiting`` (arrival order) → ``prefilling``
-(admitted: a cache budget reservation for its whole life, prompt + ``max_tokens``, and its own
-one-row cache) → ``joining`` (prefill done, first token chosen) → ``running`` (a row of the runner's
-batch cache) → finished. A step (``engine.py``): ``intake``, ``schedule`` (admission and the
-``StepPlan``), ``emit`` per token, ``fed`` / ``prefilled`` per prefilled request, ``regroup`` /
-``regrouped`` to change the batch membership between steps.
-
-Admission is first come, first served: the oldest waiting request goes first and nothing overtakes
-it; when the budget is short, prefix snapshots are evicted first, then idle sessions' kept rows, else
-it waits for running requests to finish. ``Request.reused`` records how many prompt tokens a request
-did not prefill (a session's kept row or a prefix snapshot); it is reported as ``cached_tokens``.
+A request moves ``incoming`` (submitted, any thread) → ``waiting`` → ``prefilling`` (admitted: a
+budget reservation for its whole life, prompt + ``max_tokens``, and its own one-row cache) →
+``joining`` (first token chosen) → ``running`` (a row of the runner's batch cache) → finished.
+Admission is first come, first served: nothing overtakes the oldest waiting request; when the budget
+is short, prefix snapshots are evicted first, then idle sessions' kept rows, else it waits.
+``Request.reused`` counts the prompt tokens a request did not prefill (reported as ``cached_tokens``).
 """
 
 from __future__ import annotations
