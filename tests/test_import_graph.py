@@ -9,13 +9,6 @@ from __future__ import annotations
 
 import grimp
 
-# Known circles being removed elsewhere, each as the set of its modules. TEMPORARY: serve/request.py and
-# serve/prompt_images.py import each other; the serve engine split (issue 32) unties them. Delete the
-# entry when that lands; the test fails if an allowance is no longer needed.
-ALLOWED: list[frozenset[str]] = [
-    frozenset({"longmoe.serve.request", "longmoe.serve.prompt_images"}),
-]
-
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     """Tarjan's strongly connected components with more than one module (iterative: no recursion limit)."""
@@ -90,10 +83,7 @@ def test_strongly_connected_finds_circles_and_only_them():
 
 def test_no_import_circles_between_longmoe_modules():
     graph = import_graph()
-    found = strongly_connected(graph)
-    bad = [c for c in found if frozenset(c) not in ALLOWED]
+    bad = strongly_connected(graph)
     assert not bad, "import circles (break each by moving the shared piece below both):\n" + "\n".join(
         " -> ".join(one_cycle(graph, c)) for c in bad
     )
-    stale = [sorted(a) for a in ALLOWED if a not in {frozenset(c) for c in found}]
-    assert not stale, f"these allowed circles are gone: remove them from ALLOWED: {stale}"

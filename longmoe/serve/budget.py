@@ -18,11 +18,15 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Protocol
 
 from longmoe.cache import Cache
-from longmoe.model import LongMoE
 
 DEFAULT_BLOCK_SIZE = 16
+
+
+class _HasCache(Protocol):  # a LongMoE; not imported, so the scheduler's imports stay model-free
+    def new_cache(self, batch_size: int) -> Cache: ...
 
 
 class CacheBudgetError(ValueError):
@@ -37,7 +41,7 @@ class CacheSpec:
     per_token: int
 
     @staticmethod
-    def of(model: LongMoE) -> CacheSpec:
+    def of(model: _HasCache) -> CacheSpec:
         """Sum of what each layer's state reports for one row."""
         return CacheSpec.of_cache(model.new_cache(1))
 

@@ -28,7 +28,8 @@ from longmoe.data.chat import TOOL_CALL, parse_assistant
 from longmoe.layers.vision import Patches
 from longmoe.serve.cli_generate import add_engine_arguments, add_sampling_arguments, engine_from_args
 from longmoe.serve.cli_generate import params_from_args as _params
-from longmoe.serve.engine import Engine, EngineError
+from longmoe.serve.engine import Engine
+from longmoe.serve.errors import EngineError
 from longmoe.serve.images import ImageInputError, file_patches
 from longmoe.serve.sampling import SamplingError, TokenConstraint
 from longmoe.serve.structured import JsonGrammars, StructuredOutputError

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from longmoe.argtypes import device
 from longmoe.ops.quant import MODES as QUANT_MODES
-from longmoe.serve.engine import Engine, EngineError
+from longmoe.serve.engine import Engine
+from longmoe.serve.errors import EngineError
 from longmoe.serve.images import ImageInputError, file_patches
 from longmoe.serve.sampling import SamplingError, SamplingParams, TokenConstraint
 from longmoe.serve.structured import JsonFormat, JsonGrammars, StructuredOutputError

@@ -24,7 +24,7 @@ all the ids with special tokens skipped.
 
 from __future__ import annotations
 
-from longmoe.data.tokenizer import Tokenizer
+from typing import Protocol
 
 REPLACEMENT = "\ufffd"
 MAX_WINDOW = 16  # undecided tokens before the window is cut (only reached with broken UTF-8)
@@ -32,10 +32,17 @@ CONTEXT_TOKENS = 4  # a longer complete segment is not kept as context (the wind
 _TAIL = 3  # tokens kept after a cut: at least 3 bytes, as long as an incomplete UTF-8 character
 
 
+class _Decodes(Protocol):  # a data.tokenizer.Tokenizer; not imported, so request bookkeeping stays light
+    special_ids: dict[str, int]
+    vocab_size: int
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
 class IncrementalDetokenizer:
     """Feed token ids one at a time; get back the text that became final (special tokens skipped)."""
 
-    def __init__(self, tokenizer: Tokenizer, max_window: int = MAX_WINDOW) -> None:
+    def __init__(self, tokenizer: _Decodes, max_window: int = MAX_WINDOW) -> None:
         if max_window <= _TAIL:
             raise ValueError(f"max_window: expected an integer > {_TAIL}, got {max_window}")
         self.tokenizer, self.max_window = tokenizer, max_window

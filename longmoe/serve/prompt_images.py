@@ -27,12 +27,11 @@ import torch
 
 from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
-from longmoe.serve.request import EngineError
+from longmoe.serve.errors import EngineError
+from longmoe.serve.request import Mark
 
 if TYPE_CHECKING:
     from longmoe.data.tokenizer import Tokenizer
-
-Mark = tuple[int, bytes]  # (prompt position of an image's first patch, the image's pixel digest)
 
 
 def pixel_digest(p: Patches) -> bytes:

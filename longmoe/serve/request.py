@@ -11,27 +11,32 @@ import queue
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from longmoe.cache import Cache
 from longmoe.serve.budget import CacheBudget, CacheBudgetError
 from longmoe.serve.detok import IncrementalDetokenizer
+from longmoe.serve.errors import EngineError
 from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice
 from longmoe.serve.session import Session
 from longmoe.serve.stops import find_stop, safe_end
 
 if TYPE_CHECKING:
-    from longmoe.serve.prompt_images import Mark, PromptImages
+    import torch
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
+Mark = tuple[int, bytes]  # (prompt position of an image's first patch, the image's pixel digest)
 
-class EngineError(ValueError):
-    """A request the engine cannot take; ``param`` names the offending field."""
 
-    def __init__(self, param: str, message: str, status: int = 400) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param, self.status = param, status
+class RequestImages(Protocol):
+    """What the bookkeeping needs of a prompt's images (``serve/prompt_images.PromptImages``; not
+    imported, so the scheduler's imports stay free of the model)."""
+
+    patches: list[Any]  # the images' Patches, in prompt order
+    marks: tuple[Mark, ...]
+
+    def release(self) -> None: ...
 
 
 @dataclass
@@ -73,7 +78,7 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)  # prefix reuse: chained hash per block
     reused: int = 0  # prompt tokens restored from a prefix snapshot or a session's kept row
     session: Session | None = None  # keeps its cache row when the request finishes
-    images: PromptImages | None = None  # the prompt's images (serve/prompt_images.py)
+    images: RequestImages | None = None  # the prompt's images (serve/prompt_images.py)
     prefix_stops: set[int] = field(default_factory=set)  # prompt lengths others wait to reuse
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
@@ -84,6 +89,38 @@ class Request:
     finish: str | None = None
     cancelled: bool = False
     submitted_at: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def new(
+        cls,
+        rid: int,
+        ids: list[int],
+        params: SamplingParams,
+        sink: Callable[[Event], None],
+        end_ids: tuple[int, ...],
+        detok: IncrementalDetokenizer,
+        vocab_size: int,
+        device: torch.device,
+        session: Session | None = None,
+        images: RequestImages | None = None,
+    ) -> Request:
+        """A submission with its stop ids (``end_ids``, the tokenizer's end tokens, unless
+        ``ignore_eos``) and its own sampler (seeded generator, penalties, constraint)."""
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= set(end_ids)
+        return cls(
+            rid,
+            ids,
+            params,
+            sink,
+            sampler=SamplerState(params, ids, vocab_size, device),
+            stop_ids=frozenset(stop_ids),
+            plain_greedy=plain_greedy(params),
+            session=session,
+            images=images,
+            detok=detok,
+        )
 
     @property
     def image_marks(self) -> tuple[Mark, ...]:

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from longmoe.serve.detok import CONTEXT_TOKENS, MAX_WINDOW
-from longmoe.serve.engine import Engine, EngineConfig, EngineError
+from longmoe.serve.engine import Engine, EngineConfig
+from longmoe.serve.errors import EngineError
 from longmoe.serve.sampling import SamplerState, SamplingError, SamplingParams, process_logits
 from tests.helpers.models import MAX_CONTEXT, VOCAB
 

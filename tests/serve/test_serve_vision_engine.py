@@ -13,9 +13,9 @@ from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
 from longmoe.serve.compiled import CompiledSteps
 from longmoe.serve.engine import Engine, EngineConfig
+from longmoe.serve.errors import EngineError
 from longmoe.serve.prefix_cache import PrefixCache
 from longmoe.serve.prompt_images import PromptImages, pixel_digest
-from longmoe.serve.request import EngineError
 from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.speculative import truncated_draft
 from tests.helpers.models import VISION, tiny_model, tiny_vision_model

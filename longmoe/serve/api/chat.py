@@ -24,8 +24,9 @@ from longmoe.serve.api.intake import read_request
 from longmoe.serve.api.protocol import ChatRequest
 from longmoe.serve.api.state import server_state
 from longmoe.serve.api.tools import ToolStream, assistant_message, tool_plan
+from longmoe.serve.errors import EngineError
 from longmoe.serve.images import ImageInputError, chat_patches
-from longmoe.serve.request import Completion, EngineError
+from longmoe.serve.request import Completion
 
 DEFAULT_CHAT_MAX_TOKENS = 512
 

@@ -24,7 +24,8 @@ from longmoe.serve.api.generation import constraint, respond, sampling_params, s
 from longmoe.serve.api.intake import read_request
 from longmoe.serve.api.protocol import CompletionRequest
 from longmoe.serve.api.state import ServerState, server_state
-from longmoe.serve.request import Completion, EngineError
+from longmoe.serve.errors import EngineError
+from longmoe.serve.request import Completion
 from longmoe.serve.sampling import SamplingParams, TokenConstraint
 from longmoe.serve.scoring import PromptScores, score_prompt
 

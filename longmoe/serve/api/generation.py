@@ -23,7 +23,8 @@ from longmoe.serve.api.errors import APIError
 from longmoe.serve.api.protocol import GenerationRequest
 from longmoe.serve.api.state import server_state
 from longmoe.serve.engine import RequestHandle
-from longmoe.serve.request import Completion, EngineError, Event
+from longmoe.serve.errors import EngineError
+from longmoe.serve.request import Completion, Event
 from longmoe.serve.sampling import SamplingError, SamplingParams, TokenConstraint
 from longmoe.serve.structured import StructuredOutputError
 
