@@ -48,7 +48,14 @@ def test_echo_scores_the_prompt_without_generating(server):
     assert max(abs(a - b) for a, b in zip(lp["token_logprobs"][1:], want, strict=True)) < 1e-4
     assert len(lp["tokens"]) == len(ids) and all(1 <= len(t) <= 2 for t in lp["top_logprobs"][1:])
     assert ch["text"] == engine.tokenizer.decode(ids)
-    assert out["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)}
+    n = len(ids)
+    details = {"cached_tokens": 0}  # scoring alone prefills nothing through the engine
+    assert out["usage"] == {
+        "prompt_tokens": n,
+        "completion_tokens": 0,
+        "total_tokens": n,
+        "prompt_tokens_details": details,
+    }
 
 
 def test_lm_eval_payload_echo_plus_one_token(server):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -148,6 +149,8 @@ def test_chat_session(server, page):
     until(page, "() => !document.getElementById('send').disabled")
     second = page.locator(".assistant").nth(1)
     assert "[cut at max tokens]" in second.text_content()
+    # the last prompt's size and cached share, from the stream's final usage chunk
+    assert re.fullmatch(r"prompt \d+ tokens, \d+ cached \(\d+%\)", page.inner_text("#usage"))
     assert page.locator(".user").count() == 2
     assert page.evaluate(AT_BOTTOM)
 

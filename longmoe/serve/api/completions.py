@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from longmoe.serve.api.errors import APIError
-from longmoe.serve.api.generation import constraint, respond, sampling_params, submit, usage
+from longmoe.serve.api.generation import constraint, respond, sampling_params, submit, usage, usage_of
 from longmoe.serve.api.intake import read_request
 from longmoe.serve.api.protocol import CompletionRequest
 from longmoe.serve.api.state import ServerState, server_state
@@ -117,7 +117,7 @@ async def _echo(
     if req.stream:
         raise APIError(400, "echo: not supported together with stream", "echo", "unsupported")
     params = _params(req, max(req.max_tokens, 1), fmt)  # validated as for generation, even with max_tokens 0
-    choices, n_prompt, n_out = [], 0, 0
+    choices, n_prompt, n_out, n_cached = [], 0, 0, 0
     for index, prompt in enumerate(_prompts(req)):
         try:
             ids = await asyncio.to_thread(st.engine.encode_prompt, prompt)
@@ -138,12 +138,12 @@ async def _echo(
         if req.max_tokens > 0:
             c = await _generate(request, ids, params)
             text, finish, n_out = text + c.text, c.finish_reason, n_out + c.completion_tokens
+            n_cached += c.cached_tokens
             more = _completion_logprobs(st, c)
             if lp is not None and more is not None:
                 lp = _join(lp, more, len(text) - len(c.text))
         choices.append({"index": index, "text": text, "logprobs": lp, "finish_reason": finish})
-    tokens = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
-    return JSONResponse({**head, "choices": choices, "usage": tokens})
+    return JSONResponse({**head, "choices": choices, "usage": usage_of(n_prompt, n_out, n_cached)})
 
 
 async def create_completion(request: Request) -> Response:

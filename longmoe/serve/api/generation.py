@@ -114,12 +114,19 @@ async def submit(
     return h, q
 
 
-def usage(c: Completion) -> dict[str, int]:
+def usage_of(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """OpenAI's ``usage``: ``prompt_tokens_details.cached_tokens`` counts the prompt tokens the
+    engine did not prefill (a prefix snapshot or a session's kept row held them)."""
     return {
-        "prompt_tokens": c.prompt_tokens,
-        "completion_tokens": c.completion_tokens,
-        "total_tokens": c.prompt_tokens + c.completion_tokens,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+
+
+def usage(c: Completion) -> dict:
+    return usage_of(c.prompt_tokens, c.completion_tokens, c.cached_tokens)
 
 
 def sse(obj: dict | str) -> str:

@@ -1,5 +1,8 @@
 """``GET /metrics``: Prometheus text of the HTTP counters and the engine's stats (behind the API key
-when one is set, unless ``ServerConfig.metrics_public``)."""
+when one is set, unless ``ServerConfig.metrics_public``).
+
+The prefix-cache and session series are always present (zeros when the engine runs without a prefix
+cache, whose stats then lack those keys), so dashboards and alerts never see a series vanish."""
 
 from __future__ import annotations
 
@@ -24,6 +27,28 @@ _SERIES = [  # (name, kind, help, engine.stats() key)
     ("cache_budget_bytes", "gauge", "cache budget", "cache_budget_bytes"),
 ]
 
+_REUSE_SERIES = [  # (name, kind, help, engine.stats() key): 0 when the engine lacks the key
+    ("prefix_cache_hits_total", "counter", "prefills that restored a prefix snapshot", "prefix_hits"),
+    ("prefix_cache_misses_total", "counter", "prefix lookups that found no snapshot", "prefix_misses"),
+    ("prefix_cache_tokens_reused_total", "counter", "prompt tokens from snapshots", "prefix_tokens_reused"),
+    ("prefix_cache_snapshot_bytes", "gauge", "bytes held by prefix snapshots", "prefix_snapshot_bytes"),
+    ("prefix_cache_snapshots", "gauge", "prefix snapshots held", "prefix_snapshots"),
+    ("prefix_cache_snapshots_stored_total", "counter", "prefix snapshots taken", "prefix_snapshots_stored"),
+    ("prefix_cache_evictions_total", "counter", "prefix snapshots evicted", "prefix_evictions"),
+    ("session_turns_total", "counter", "requests that continued a session", "session_turns"),
+    ("session_tokens_reused_total", "counter", "prompt tokens from kept rows", "session_tokens_reused"),
+    ("session_evictions_total", "counter", "idle sessions' kept rows evicted", "session_evictions"),
+    ("sessions_idle", "gauge", "idle sessions holding a kept row", "sessions_idle"),
+]
+
+
+def reuse_stats(s: dict) -> dict[str, float]:
+    """The prefix-cache and session counters of ``engine.stats()`` (misses = lookups - hits), 0 for
+    any the engine does not report."""
+    out = {key: s.get(key, 0) for *_, key in _REUSE_SERIES}
+    out["prefix_misses"] = s.get("prefix_lookups", 0) - s.get("prefix_hits", 0)
+    return out
+
 
 def render(metrics: HTTPMetrics, engine: Engine) -> str:
     s = engine.stats()
@@ -37,6 +62,10 @@ def render(metrics: HTTPMetrics, engine: Engine) -> str:
     for name, kind, help_, key in _SERIES:
         n = f"longmoe_{name}"
         lines += [f"# HELP {n} {help_}", f"# TYPE {n} {kind}", f"{n} {s[key]}"]
+    reuse = reuse_stats(s)
+    for name, kind, help_, key in _REUSE_SERIES:
+        n = f"longmoe_{name}"
+        lines += [f"# HELP {n} {help_}", f"# TYPE {n} {kind}", f"{n} {reuse[key]}"]
     lines.append("# TYPE longmoe_finished_requests_total counter")
     for reason in FINISH_REASONS:
         lines.append(f'longmoe_finished_requests_total{{reason="{reason}"}} {s[f"finished_{reason}"]}')
