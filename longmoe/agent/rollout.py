@@ -1,11 +1,12 @@
 """Rollouts: many multi-turn episodes at once through the serving engine, recorded for RL.
 
 ``collect(engine, make_env, seeds, cfg)`` plays ``cfg.group_size`` episodes of every task seed, all
-concurrently: each episode is a small state machine driven by its completions, so the engine always
-holds as many assistant turns as it has room for. An episode (``serve/session.py``) keeps its cache
-row across turns: a turn submits only the new tokens (the tool results and the next
-``<|assistant|>`` header), never the whole trajectory again. ``cfg.sessions=False`` resubmits the
-whole trajectory each turn instead (what ``bench/rollout.py`` compares against).
+concurrently: each episode is the shared turn loop (``envs.episode.EpisodeState``) advanced by its
+completions, so the engine always holds as many assistant turns as it has room for. An episode
+(``serve/session.py``) keeps its cache row across turns: a turn submits only the new tokens (the
+tool results and the next ``<|assistant|>`` header), never the whole trajectory again.
+``cfg.sessions=False`` resubmits the whole trajectory each turn instead (what ``bench/rollout.py``
+compares against).
 
 Tokens are recorded exactly as sampled (no re-tokenisation of the text), so the trainer scores the
 very ids the policy produced. The layout follows ``data.chat``: the opening (``<|bos|>``, system,
@@ -26,14 +27,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from longmoe.data.chat import AssistantTurn, encode_chat, parse_assistant
+from longmoe.data.chat import encode_chat
 from longmoe.envs.base import Env
+from longmoe.envs.episode import EpisodeState, parse_turn
 from longmoe.serve.engine import Engine
 from longmoe.serve.request import Completion, Event
 from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.session import Session
-
-_CUT = "the turn reached max_turn_tokens without <|end|>"
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,8 @@ class Trajectory:
 
 @dataclass
 class _Episode:
-    traj: Trajectory
-    env: Env
+    traj: Trajectory  # the token record
+    state: EpisodeState  # the shared turn loop: transcript, counters, the end
     session: Session | None
 
 
@@ -132,17 +132,18 @@ def collect(
 ) -> list[Trajectory]:
     """Play ``cfg.group_size`` episodes of every task in ``seeds`` concurrently; trajectories in
     (task, sample) order. ``make_env(i)`` builds a fresh environment for task ``i`` (e.g. of its
-    horizon); ``reset(seeds[i])`` draws the task."""
+    horizon); ``reset(seeds[i])`` draws the task. Each episode is an ``envs.episode.EpisodeState``
+    advanced by its completions, the engine batching every episode's turn."""
     done_q: queue.Queue[tuple[int, Completion]] = queue.Queue()
     eps: list[_Episode] = []
     pending: dict[int, list[int]] = {}  # episode -> the context tokens its next turn submits
     for ti, s in enumerate(seeds):
         for g in range(cfg.group_size):
-            env = make_env(ti)
-            opening = env.reset(s)
-            tr = Trajectory(ti, s, g, env.horizon)
-            ids = encode_chat(engine.tokenizer, opening, add_generation_prompt=True, bos=engine.cfg.add_bos)
-            eps.append(_Episode(tr, env, engine.open_session() if cfg.sessions else None))
+            st = EpisodeState(make_env(ti), s)
+            tr = Trajectory(ti, s, g, st.env.horizon)
+            bos = engine.cfg.add_bos
+            ids = encode_chat(engine.tokenizer, st.messages, add_generation_prompt=True, bos=bos)
+            eps.append(_Episode(tr, st, engine.open_session() if cfg.sessions else None))
             pending[len(eps) - 1] = ids.ids
     live = 0
     for i in list(pending):
@@ -150,12 +151,9 @@ def collect(
     while live:
         i, c = done_q.get()
         live -= 1
-        ep = eps[i]
-        obs = _advance(engine, ep, c, cfg)
+        obs = _advance(engine, eps[i], c)
         if obs is not None:
-            live += _submit(engine, ep, i, obs, cfg, done_q)
-        elif ep.session is not None:
-            engine.close_session(ep.session)
+            live += _submit(engine, eps[i], i, obs, cfg, done_q)
     return [e.traj for e in eps]
 
 
@@ -167,10 +165,11 @@ def _submit(
     tr = ep.traj
     room = min(cfg.max_episode_tokens, engine.max_context) - len(tr.ids) - len(new)
     if room < 2:
-        _end(engine, ep, truncated=True)
+        ep.state.stop(overflow=True)
+        _finish(engine, ep)
         return 0
     tr.extend(new, False)
-    tr.turns.append(TurnRecord(len(tr.ids), len(tr.ids), ep.env.state_key()))
+    tr.turns.append(TurnRecord(len(tr.ids), len(tr.ids), ep.state.begin_turn()))
     params = SamplingParams(
         max_tokens=min(cfg.max_turn_tokens, room - 1),
         temperature=cfg.temperature,
@@ -190,33 +189,29 @@ def _submit(
     return 1
 
 
-def _advance(engine: Engine, ep: _Episode, c: Completion, cfg: RolloutConfig) -> list[int] | None:
-    """Record a finished turn and step the environment: the next observation's tokens, or None."""
+def _advance(engine: Engine, ep: _Episode, c: Completion) -> list[int] | None:
+    """Record a finished turn and step the episode: the next observation's tokens, or None."""
     tr, turn = ep.traj, ep.traj.turns[-1]
     if c.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"rollout turn failed ({c.finish_reason}): {c.error}")
     turn.cached, turn.prefilled = c.cached_tokens, c.prompt_tokens - c.cached_tokens
     tr.extend(c.token_ids, True, c.logprobs)
     turn.end = len(tr.ids)
-    if c.finish_reason == "length":
-        parsed = AssistantTurn(engine.tokenizer.decode(c.token_ids), malformed=_CUT)
-    else:
-        parsed = parse_assistant(engine.tokenizer.decode(c.token_ids))
+    parsed = parse_turn(engine.tokenizer.decode(c.token_ids), cut=c.finish_reason == "length")
     turn.malformed = parsed.malformed
-    res = ep.env.step(parsed)
-    if res.done:
-        _end(engine, ep, reward=res.reward, info=res.info)
+    obs = ep.state.step(parsed, prompt_tokens=turn.start, completion_tokens=len(c.token_ids))
+    if ep.state.done:
+        _finish(engine, ep)
         return None
-    return observation_ids(engine, res.messages)
+    return observation_ids(engine, obs)
 
 
-def _end(
-    engine: Engine, ep: _Episode, reward: float = 0.0, info: dict | None = None, truncated: bool = False
-) -> None:
-    tr = ep.traj
-    tr.reward, tr.info = float(reward), dict(info or {})
+def _finish(engine: Engine, ep: _Episode) -> None:
+    """Copy the episode's end into its trajectory and release its session."""
+    tr, st = ep.traj, ep.state
+    tr.reward, tr.info = float(st.reward), dict(st.info)
     tr.success = bool(tr.info.get("success", False))
-    tr.malformed = bool(tr.info.get("malformed", 0))
-    tr.truncated = truncated or bool(tr.info.get("truncated", False))
-    if truncated and ep.session is not None:
+    tr.malformed = bool(tr.info.get("malformed", 0))  # as the environment counted it
+    tr.truncated = st.truncated or st.overflow
+    if ep.session is not None:
         engine.close_session(ep.session)

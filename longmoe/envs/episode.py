@@ -1,9 +1,17 @@
-"""Playing an episode: a policy's turns against an environment, as an OpenAI-style transcript.
+"""Playing an episode: the one turn loop every driver shares, and the scripted-expert transcript.
 
-``play(env, seed)`` runs the scripted expert (or any ``policy(env) -> AssistantTurn``) to the end
-and returns the messages (opening, assistant turns with their ``tool_calls``, tool results), the
-reward, the final ``info`` and the knowledge state before each assistant turn. SFT renders the
-expert's transcripts with ``data.chat.encode_chat`` (loss on the assistant turns only).
+``EpisodeState`` is an episode in progress, advanced a turn at a time by whoever holds the policy:
+``reset`` → (``begin_turn``: the knowledge state before the turn) → the policy's assistant turn,
+parsed (``parse_turn`` for generated text: a turn cut by the token limit is malformed) → ``step``:
+the environment steps on it (a malformed turn ends the episode with reward 0, counted in ``info``),
+its tool messages are appended and returned as the next observation → until the environment ends
+the episode, or the driver does (``stop``: its own turn limit, or a context that no longer fits;
+reward 0). The state keeps the OpenAI-style transcript, turns, tool calls, token counts and the end.
+
+Three drivers advance it: ``play`` (one episode, a ``policy(env) -> AssistantTurn`` such as the
+scripted expert; SFT renders its transcripts with ``data.chat.encode_chat``), ``eval.agent.harness``
+``run_episode`` (one episode, a message-level policy over an OpenAI-compatible endpoint) and
+``agent.rollout.collect`` (many episodes in lock-step with batched engine calls, token by token).
 """
 
 from __future__ import annotations
@@ -12,10 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from longmoe.data.chat import AssistantTurn
+from longmoe.data.chat import AssistantTurn, parse_assistant
 from longmoe.envs.base import Env, Message
 
 Policy = Callable[[Env], AssistantTurn]
+
+CUT_TURN = "the turn reached max_turn_tokens without <|end|>"  # the malformed reason of a cut turn
 
 
 @dataclass
@@ -43,22 +53,91 @@ def assistant_message(turn: AssistantTurn) -> Message:
     return msg
 
 
+def parse_turn(text: str, cut: bool = False) -> AssistantTurn:
+    """Generated assistant text as the turn the environment steps on; a turn ``cut`` by the token
+    limit (no ``<|end|>``) is malformed, whatever it says."""
+    return AssistantTurn(text, malformed=CUT_TURN) if cut else parse_assistant(text)
+
+
+class EpisodeState:
+    """One episode in progress (see the module docstring); ``done`` once it has ended."""
+
+    def __init__(self, env: Env, seed: int) -> None:
+        self.env, self.seed = env, seed
+        self.messages: list[Message] = env.reset(seed)
+        self.state_keys: list[str] = []
+        self.turns = 0
+        self.tool_calls = 0  # calls the policy made (the env's info counts those it ran)
+        self.generated = 0  # completion tokens over the episode, as the driver counted them
+        self.tokens: int | None = None  # the conversation's length at the last turn, if counted
+        self.last: AssistantTurn | None = None
+        self.done = False
+        self.stopped = False  # ended by the driver (``stop``), not by the environment
+        self.reward: float = 0.0
+        self.info: dict[str, Any] = {}
+        self.truncated = False  # the env's turn limit, or the driver's
+        self.overflow = False  # the conversation outgrew the context
+
+    def begin_turn(self) -> str:
+        """Record (and return) the knowledge state before the next assistant turn."""
+        key = self.env.state_key()
+        self.state_keys.append(key)
+        return key
+
+    def step(
+        self,
+        turn: AssistantTurn,
+        message: Message | None = None,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+    ) -> list[Message]:
+        """Apply the policy's ``turn`` (``message``: its transcript form, ``assistant_message(turn)``
+        by default); returns the environment's messages, appended to the transcript (the next
+        observation unless the episode ended)."""
+        if self.done:
+            raise RuntimeError("the episode is over")
+        self.turns += 1
+        self.tool_calls += len(turn.tool_calls)
+        self.generated += completion_tokens or 0
+        if prompt_tokens is not None:
+            self.tokens = prompt_tokens + (completion_tokens or 0)
+        self.last = turn
+        self.messages.append(assistant_message(turn) if message is None else message)
+        res = self.env.step(turn)
+        self.messages += res.messages
+        if res.done:
+            self.done, self.reward, self.info = True, res.reward, res.info
+            self.truncated = bool(self.info.get("truncated", False))
+        return res.messages
+
+    def stop(self, truncated: bool = False, overflow: bool = False) -> None:
+        """End the episode from outside the environment (reward 0, no ``info``)."""
+        self.done, self.stopped, self.truncated, self.overflow = True, True, truncated, overflow
+
+    @property
+    def malformed(self) -> bool:
+        """The environment ended the episode on a malformed turn (as it counted it, or as parsed)."""
+        if not self.done or self.stopped or self.last is None:
+            return False
+        return bool(self.info.get("malformed")) or self.last.malformed is not None
+
+    @property
+    def malformed_reason(self) -> str | None:
+        if not self.done or self.stopped or self.last is None:
+            return None
+        return self.info.get("malformed_reason") or self.last.malformed
+
+
 def expert_policy(env: Env) -> AssistantTurn:
     return env.expert()
 
 
 def play(env: Env, seed: int, policy: Policy = expert_policy, max_turns: int = 10_000) -> Episode:
     """Run ``policy`` on the task ``seed`` until the episode ends (the env's own turn limit applies)."""
-    messages = env.reset(seed)
-    keys: list[str] = []
-    n_calls = 0
-    for _ in range(max_turns):
-        keys.append(env.state_key())
-        turn = with_call_ids(policy(env), n_calls + 1)
-        n_calls += len(turn.tool_calls)
-        messages.append(assistant_message(turn))
-        res = env.step(turn)
-        messages += res.messages
-        if res.done:
-            return Episode(messages, res.reward, res.info, keys)
-    raise RuntimeError(f"episode did not end within {max_turns} turns")
+    ep = EpisodeState(env, seed)
+    while not ep.done:
+        if ep.turns >= max_turns:
+            raise RuntimeError(f"episode did not end within {max_turns} turns")
+        ep.begin_turn()
+        ep.step(with_call_ids(policy(env), ep.tool_calls + 1))
+    return Episode(ep.messages, ep.reward, ep.info, ep.state_keys)

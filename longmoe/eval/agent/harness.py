@@ -1,10 +1,11 @@
 """Agent evaluation: episode success by horizon on the tool environments, for any policy.
 
-``run_episode`` plays one held-out task: the environment's opening messages, then turn by turn the
-policy's reply (``eval.agent.policies``: a local model or an OpenAI-compatible endpoint through its
-function-calling API) is stepped by the environment, whose tool messages are appended, until the
-episode ends (final answer, malformed turn, the environment's turn limit, or a conversation that no
-longer fits the context: reward 0, ``overflow``).
+``run_episode`` plays one held-out task (the shared turn loop, ``envs.episode.EpisodeState``): the
+environment's opening messages, then turn by turn the policy's reply (``eval.agent.policies``: an
+OpenAI-compatible endpoint through its function-calling API, or the scripted expert) is stepped by
+the environment, whose tool messages are appended, until the episode ends (final answer, malformed
+turn, the environment's turn limit, or a conversation that no longer fits the context: reward 0,
+``overflow``).
 
 ``run_agent_eval`` plays ``n`` episodes per (environment, horizon) cell on the held-out seeds
 ``HELD_OUT_SEED_BASE + seed + i`` (never drawn in training), ``concurrency`` at a time (a local
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.envs import HELD_OUT_SEED_BASE, Env
+from longmoe.envs.episode import EpisodeState
 from longmoe.eval.agent.policies import AgentPolicy, ContextOverflow
 
 EPISODES_FILE = "agent_episodes.jsonl"
@@ -56,33 +58,40 @@ class EpisodeResult:
 def run_episode(
     policy: AgentPolicy, env: Env, seed: int, max_tokens: int, max_turns: int = 1000
 ) -> EpisodeResult:
-    """Play the task ``seed`` of ``env`` with ``policy`` to its end (see the module docstring)."""
-    messages = env.reset(seed)
-    res = EpisodeResult(env.name, env.horizon, seed)
-    for _ in range(max_turns):
+    """Play the task ``seed`` of ``env`` with ``policy`` to its end (see the module docstring): one
+    ``envs.episode.EpisodeState`` advanced a message-level turn at a time."""
+    ep = EpisodeState(env, seed)
+    while not ep.done:
+        if ep.turns >= max_turns:
+            ep.stop(truncated=True)
+            break
         try:
-            reply = policy.turn(messages, env, max_tokens)
+            reply = policy.turn(ep.messages, env, max_tokens)
         except ContextOverflow:
-            res.overflow = True
-            return res
-        res.turns += 1
-        res.tool_calls += len(reply.turn.tool_calls)
-        res.generated += reply.completion_tokens or 0
-        if reply.prompt_tokens is not None:
-            res.tokens = reply.prompt_tokens + (reply.completion_tokens or 0)
-        messages.append(reply.message)
-        step = env.step(reply.turn)
-        messages += step.messages
-        if step.done:
-            info = step.info
-            res.reward, res.success = step.reward, step.reward > 0
-            res.malformed = bool(info.get("malformed")) or reply.turn.malformed is not None
-            res.malformed_reason = info.get("malformed_reason") or reply.turn.malformed
-            res.truncated = bool(info.get("truncated"))
-            res.tool_errors = int(info.get("tool_errors", 0))
-            return res
-    res.truncated = True
-    return res
+            ep.stop(overflow=True)
+            break
+        ep.step(reply.turn, reply.message, reply.prompt_tokens, reply.completion_tokens)
+    return episode_record(ep)
+
+
+def episode_record(ep: EpisodeState) -> EpisodeResult:
+    """A finished episode as an evaluation record."""
+    return EpisodeResult(
+        ep.env.name,
+        ep.env.horizon,
+        ep.seed,
+        reward=ep.reward,
+        success=ep.reward > 0,
+        malformed=ep.malformed,
+        malformed_reason=ep.malformed_reason,
+        truncated=ep.truncated,
+        overflow=ep.overflow,
+        turns=ep.turns,
+        tool_calls=ep.tool_calls,
+        tool_errors=int(ep.info.get("tool_errors", 0)),
+        tokens=ep.tokens,
+        generated=ep.generated,
+    )
 
 
 def held_out_seeds(n: int, offset: int = 0) -> list[int]:
