@@ -20,12 +20,12 @@ import warnings
 import torch
 
 from bench.common import markdown_table, write_results
-from longmoe.config import preset
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.model import LongMoE
 from longmoe.ops.gates import bounded_decay, softplus_decay
 from longmoe.ops.kda.chunk import kda_chunk
 from longmoe.ops.kda.naive import kda_recurrent
+from longmoe.presets import preset
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 

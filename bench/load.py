@@ -29,9 +29,9 @@ import httpx
 import torch
 
 from bench.common import markdown_table, write_results
-from longmoe.config import preset
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.serve.api import create_app, serve_in_thread
 from longmoe.serve.api.protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from longmoe.serve.engine import Engine

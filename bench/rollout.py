@@ -26,11 +26,11 @@ import torch
 
 from bench.common import markdown_table, write_results
 from longmoe.agent.rollout import RolloutConfig, collect
-from longmoe.config import preset
 from longmoe.data.chat import AssistantTurn
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.envs.base import StepResult
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.serve.engine import Engine, EngineConfig
 
 MODES = ("session", "prefix", "re-prefill")

@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from longmoe.config import ModelConfig, preset
+from longmoe.config import ModelConfig
 from longmoe.distributed.parallel_dims import ParallelDims
 from longmoe.distributed.plan import format_plan, plan
 from longmoe.layers.attnres import BlockAttnRes
@@ -22,6 +22,7 @@ from longmoe.layers.mlp import GLUMLP
 from longmoe.layers.moe import MoELayer
 from longmoe.layers.vision import VisionEncoder
 from longmoe.ops.quant import MODES as QUANT_MODES
+from longmoe.presets import preset
 from longmoe.quantize import quantized_footprint
 
 BF16_BYTES = 2

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from longmoe import checkpoint as ckpt
-from longmoe.config import preset
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 
 
 @pytest.fixture(scope="module")

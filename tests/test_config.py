@@ -6,16 +6,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from longmoe.config import (
-    ConfigError,
-    FFNConfig,
-    JsonConfig,
-    ModelConfig,
-    VisionConfig,
-    check_types,
-    dataclass_from_dict,
-    preset,
-)
+from longmoe.config import ConfigError, FFNConfig, ModelConfig, VisionConfig
+from longmoe.configio import JsonConfig, check_types, dataclass_from_dict
+from longmoe.presets import preset
 
 
 @pytest.mark.parametrize("name", ["tiny", "small", "flagship", "tiny-vision"])

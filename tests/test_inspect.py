@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from longmoe.config import FFNConfig, VisionConfig, preset
+from longmoe.config import FFNConfig, VisionConfig
 from longmoe.inspect import cache_accounting, format_report, param_counts, report
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.serve.budget import CacheSpec
 
 

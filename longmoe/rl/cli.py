@@ -16,7 +16,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from longmoe.config import ConfigError, load_json
+from longmoe.config import ConfigError
+from longmoe.configio import load_json
 from longmoe.rl.config import RL_CONFIG, RLConfig
 from longmoe.rl.plots import render
 from longmoe.rl.trainer import RLTrainer

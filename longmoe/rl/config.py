@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from longmoe.config import JsonConfig, _check, check_types, is_positive_int
+from longmoe.configio import JsonConfig, check_types
 from longmoe.rl.loss import NORMS
+from longmoe.validation import check, is_positive_int
 
 RL_CONFIG = "rl_config.json"  # RUN/rl_config.json
 REFERENCE_DIR = "reference"  # RUN/reference: the frozen reference model (the starting weights)
@@ -54,20 +55,20 @@ class RLConfig(JsonConfig):
     def __post_init__(self) -> None:
         check_types(self)
         for f in ("steps", "tasks_per_step", "group_size", "max_turn_tokens", "max_episode_tokens"):
-            _check(is_positive_int(getattr(self, f)), f, getattr(self, f), "a positive integer")
+            check(is_positive_int(getattr(self, f)), f, getattr(self, f), "a positive integer")
         for f in ("ppo_epochs", "minibatches", "micro_batch", "keep_last", "max_batch", "prefill_chunk"):
-            _check(is_positive_int(getattr(self, f)), f, getattr(self, f), "a positive integer")
+            check(is_positive_int(getattr(self, f)), f, getattr(self, f), "a positive integer")
         for f in ("ckpt_every", "drift_every", "drift_trajectories"):
-            _check(getattr(self, f) >= 0, f, getattr(self, f), "an integer >= 0")
-        _check(bool(self.horizons) and all(is_positive_int(h) for h in self.horizons), "horizons",
+            check(getattr(self, f) >= 0, f, getattr(self, f), "an integer >= 0")
+        check(bool(self.horizons) and all(is_positive_int(h) for h in self.horizons), "horizons",
                self.horizons, "a non-empty list of positive integers")  # fmt: skip
-        _check(0 < self.lr < 1, "lr", self.lr, "a number in (0, 1)")
-        _check(0 <= self.clip_low < 1 and self.clip_high >= 0, "clip_low/clip_high",
+        check(0 < self.lr < 1, "lr", self.lr, "a number in (0, 1)")
+        check(0 <= self.clip_low < 1 and self.clip_high >= 0, "clip_low/clip_high",
                (self.clip_low, self.clip_high), "clip_low in [0, 1) and clip_high >= 0")  # fmt: skip
-        _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
-        _check(self.step_adv_weight >= 0, "step_adv_weight", self.step_adv_weight, "a number >= 0")
-        _check(0 < self.gamma <= 1, "gamma", self.gamma, "a number in (0, 1]")
-        _check(0 < self.temperature <= 10, "temperature", self.temperature, "a number in (0, 10]")
-        _check(self.loss_norm in NORMS, "loss_norm", self.loss_norm, f"one of {NORMS}")
-        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "a number >= 0")
-        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
+        check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
+        check(self.step_adv_weight >= 0, "step_adv_weight", self.step_adv_weight, "a number >= 0")
+        check(0 < self.gamma <= 1, "gamma", self.gamma, "a number in (0, 1]")
+        check(0 < self.temperature <= 10, "temperature", self.temperature, "a number in (0, 10]")
+        check(self.loss_norm in NORMS, "loss_norm", self.loss_norm, f"one of {NORMS}")
+        check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "a number >= 0")
+        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")

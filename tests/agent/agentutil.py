@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from longmoe.config import preset
 from longmoe.data.chat import AssistantTurn
 from longmoe.envs.base import StepResult
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 
 VOCAB = 512
 

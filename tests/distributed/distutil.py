@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from longmoe.config import FFNConfig, ModelConfig, preset
+from longmoe.config import FFNConfig, ModelConfig
 from longmoe.data.stages import CurriculumStage
 from longmoe.distributed.parallel_dims import init_distributed, teardown
+from longmoe.presets import preset
 from longmoe.train.config import TrainConfig
 
 

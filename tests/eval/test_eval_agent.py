@@ -16,7 +16,6 @@ import torch
 
 from longmoe.agent.rollout import Trajectory, TurnRecord
 from longmoe.cli import main
-from longmoe.config import preset
 from longmoe.data.chat import AssistantTurn, ToolCall
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.envs import HELD_OUT_SEED_BASE, make_env
@@ -31,6 +30,7 @@ from longmoe.eval.agent_clients import AgentReply, ContextOverflow, EndpointAgen
 from longmoe.eval.agent_local import episode_result
 from longmoe.eval.plots import plot_run
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.serve.api import create_app, serve_in_thread
 from longmoe.serve.engine import Engine
 

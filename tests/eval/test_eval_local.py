@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from longmoe.cli import main
-from longmoe.config import preset
 from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.eval.clients import LocalClient
 from longmoe.eval.ppl import position_losses, ppl_by_position
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.tasks import generate
 
 WINDOW = 512

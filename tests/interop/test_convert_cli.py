@@ -8,8 +8,8 @@ import torch
 from kimiutil import VOCAB, hf_model, save_hf
 
 from longmoe.cli import main
-from longmoe.config import preset
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 
 pytest.importorskip("transformers")
 

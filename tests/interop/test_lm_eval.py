@@ -17,9 +17,9 @@ import httpx
 import pytest
 import torch
 
-from longmoe.config import preset
 from longmoe.data.tokenizer import Tokenizer, tokenizer_for_tests
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = "tests/interop/lmeval_task"  # relative to ROOT, as the task YAMLs' data_files are

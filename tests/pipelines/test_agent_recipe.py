@@ -67,11 +67,11 @@ def test_evaluate_stage_scores_like_longmoe_eval_and_is_cached(tmp_path):
     in the summary's shape, episodes written, and a second call reads ``evals.json`` instead of playing."""
     import torch
 
-    from longmoe.config import preset
     from longmoe.data.tokenizer import tokenizer_for_tests
     from longmoe.eval.agent import EPISODES_FILE
     from longmoe.model import LongMoE
     from longmoe.pipelines.agent.run import EVALS, evaluate
+    from longmoe.presets import preset
 
     torch.manual_seed(0)
     tok = tokenizer_for_tests(512)

@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 from fastapi import FastAPI
 
-from longmoe.config import VisionConfig, preset
+from longmoe.config import VisionConfig
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.serve.api import create_app, serve_in_thread
 from longmoe.serve.engine import Engine
 

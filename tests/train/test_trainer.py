@@ -12,10 +12,11 @@ import torch
 from trainutil import small_train_config
 
 from longmoe.checkpoint import CheckpointError
-from longmoe.config import ConfigError, preset
+from longmoe.config import ConfigError
 from longmoe.data.corpus import DataError
 from longmoe.data.stages import CurriculumStage
 from longmoe.inspect import param_counts, training_memory
+from longmoe.presets import preset
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import read_metrics, render
 from longmoe.train.pretrain import Trainer, check_memory, config_differences, lr_at, param_groups

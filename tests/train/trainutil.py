@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from longmoe.config import FFNConfig, preset
+from longmoe.config import FFNConfig
 from longmoe.data.stages import CurriculumStage
+from longmoe.presets import preset
 from longmoe.train.config import TrainConfig
 
 
