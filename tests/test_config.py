@@ -123,7 +123,7 @@ def test_dataclass_from_dict_builds_nested_configs_and_round_trips(tmp_path):
 def test_kimi_linear_options_build_and_keep_defaults():
     """The options Kimi-Linear import needs are off by default; turned on they build a model whose
     parameter count matches the layers' formulas (used by ``longmoe inspect``)."""
-    from longmoe.inspect import param_counts
+    from longmoe.accounting import param_counts
     from longmoe.model import LongMoE
 
     d = ModelConfig()

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from longmoe.accounting import param_counts
 from longmoe.config import FFNConfig, VisionConfig
-from longmoe.inspect import cache_accounting, format_report, param_counts, report
+from longmoe.inspect_cli import format_report, report
+from longmoe.memory import cache_accounting
 from longmoe.model import LongMoE
 from longmoe.presets import preset
 from longmoe.serve.budget import CacheSpec

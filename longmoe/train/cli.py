@@ -28,10 +28,11 @@ from longmoe.distributed.parallel_dims import (
     world_size,
 )
 from longmoe.errors import UserError
+from longmoe.memory import check_memory
 from longmoe.presets import preset
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import render
-from longmoe.train.pretrain import Trainer, check_memory, config_differences, train_tokenizer
+from longmoe.train.pretrain import Trainer, config_differences, train_tokenizer
 
 DEFAULT_PRESET = "tiny"
 

@@ -18,7 +18,7 @@ from longmoe.distributed.parallelize import parallelize
 from longmoe.distributed.reduce import all_reduce_sum, clip_grad_norm_, sync_balance_stats
 from longmoe.model import LongMoE
 from longmoe.presets import preset
-from longmoe.train.pretrain import param_groups
+from longmoe.train.optim import param_groups
 
 STEPS, WINDOWS, WINDOW = 5, 4, 32
 

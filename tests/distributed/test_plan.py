@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 
+from longmoe.accounting import param_counts
 from longmoe.cli import main
 from longmoe.distributed.parallel_dims import ParallelDims
 from longmoe.distributed.plan import memory_per_device, plan
-from longmoe.inspect import cache_accounting, param_counts
+from longmoe.memory import cache_accounting
 from longmoe.presets import preset
 
 FLAGSHIP = preset("flagship")

@@ -14,10 +14,10 @@ import torch
 from kimiutil import PROMPT_LENGTHS, VOCAB, hf_config, hf_model, save_hf
 from safetensors.torch import save_file
 
+from longmoe.accounting import param_counts
 from longmoe.checkpoint import load_model
 from longmoe.config import ModelConfig
 from longmoe.data.tokenizer import tokenizer_for_tests
-from longmoe.inspect import param_counts
 from longmoe.interop.kimi_config import ConversionError, config_from_hf, config_to_hf, hf_layer_types
 from longmoe.interop.kimi_linear import RECORD_FILE, from_hf, to_hf
 from longmoe.layers.mla import DECODE_PATHS

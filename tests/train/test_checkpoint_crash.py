@@ -12,7 +12,7 @@ import pytest
 from trainutil import small_model_config, small_train_config
 
 from longmoe import checkpoint as ckpt
-from longmoe.train.plots import read_metrics
+from longmoe.runlog import read_metrics
 from longmoe.train.pretrain import Trainer
 
 

@@ -18,7 +18,8 @@ from longmoe.train.drift import (
     routing_choices,
     routing_drift,
 )
-from longmoe.train.pretrain import Trainer, param_groups
+from longmoe.train.optim import param_groups
+from longmoe.train.pretrain import Trainer
 
 E = 4
 

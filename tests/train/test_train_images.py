@@ -15,8 +15,8 @@ from trainutil import small_model_config
 from longmoe.config import VisionConfig
 from longmoe.data.corpus import split_of
 from longmoe.data.stages import CurriculumStage
+from longmoe.runlog import read_metrics
 from longmoe.train.config import TrainConfig
-from longmoe.train.plots import read_metrics
 from longmoe.train.pretrain import Trainer
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 230)}
