@@ -45,7 +45,6 @@ from longmoe.rl.config import REFERENCE_DIR, RL_CONFIG, RLConfig
 from longmoe.rl.loss import policy_loss
 from longmoe.runlog import append_metrics, truncate_metrics
 from longmoe.serve.engine import Engine
-from longmoe.serve.engine_config import EngineConfig
 from longmoe.train.drift import freeze_routing, measure_drift
 from longmoe.train.optim import param_groups
 from longmoe.train.rng import rng_state, seed_everything, set_rng_state
@@ -149,14 +148,7 @@ class RLTrainer:
             log.info("resumed %s at step %d", self.run_dir, self.step)
         truncate_metrics(self.run_dir, self.step)  # a resumed log reads as one uninterrupted run
         self.env_factory = env_factory or (lambda h: make_env(cfg.env, horizon=h, **cfg.env_args))
-        engine_cfg = EngineConfig(
-            max_batch=cfg.max_batch,
-            prefill_chunk=cfg.prefill_chunk,
-            max_context=max(cfg.max_episode_tokens + 1, 2),
-            cache_budget_bytes=4 << 30,
-            max_waiting=1 << 16,
-        )
-        self.engine = Engine(self.policy, self.tok, engine_cfg)  # serves the policy module itself
+        self.engine = Engine(self.policy, self.tok, cfg.engine_config())  # serves the policy module itself
 
     # ------------------------------------------------------------------ run files
     def log(self, rec: dict[str, Any]) -> None:

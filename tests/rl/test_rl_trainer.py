@@ -19,7 +19,7 @@ from longmoe.agent.rollout import Trajectory, TurnRecord  # noqa: E402
 from longmoe.checkpoint import METRICS, list_checkpoints  # noqa: E402
 from longmoe.data.tokenizer import tokenizer_for_tests  # noqa: E402
 from longmoe.model import WEIGHTS_FILE  # noqa: E402
-from longmoe.rl.config import RLConfig  # noqa: E402
+from longmoe.rl.config import RLConfig, rl_engine_config  # noqa: E402
 from longmoe.rl.trainer import RLTrainer, token_tensors  # noqa: E402
 
 
@@ -70,9 +70,11 @@ def test_resume_equals_uninterrupted(init_dir, tmp_path):
     # one episode in the engine at a time: the batch composition (and so the last bits of the rollout
     # logprobs) is then the same in both runs, and the weights can be compared exactly
     a = tmp_path / "a"
-    RLTrainer(a, config(init_dir, max_batch=1), env_factory=fake).fit()
+    RLTrainer(a, config(init_dir, engine=rl_engine_config(max_batch=1)), env_factory=fake).fit()
     b = tmp_path / "b"
-    RLTrainer(b, config(init_dir, max_batch=1), max_steps=2, env_factory=fake).fit()  # checkpoint at 2
+    RLTrainer(
+        b, config(init_dir, engine=rl_engine_config(max_batch=1)), max_steps=2, env_factory=fake
+    ).fit()  # checkpoint at 2
     assert [p.name for p in list_checkpoints(b)][-1] == "step-00000002"
     with open(b / METRICS, "a") as f:
         f.write(json.dumps({"step": 3, "stale": True}) + "\n")  # a line the crashed run wrote after
