@@ -20,11 +20,11 @@ import warnings
 import torch
 
 from bench.common import bench_tokenizer, markdown_table, write_results
-from longmoe.config import preset
 from longmoe.model import LongMoE
 from longmoe.ops.gates import bounded_decay, softplus_decay
 from longmoe.ops.kda.chunk import kda_chunk
 from longmoe.ops.kda.naive import kda_recurrent
+from longmoe.presets import preset
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 

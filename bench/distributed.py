@@ -38,13 +38,14 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from bench.common import markdown_table, write_results
-from longmoe.config import IGNORE_INDEX, FFNConfig, ModelConfig, preset
+from longmoe.config import IGNORE_INDEX, FFNConfig, ModelConfig
 from longmoe.data.packing import Window, collate
 from longmoe.distributed import parallel_dims
 from longmoe.distributed.parallel_dims import ParallelDims, init_distributed, rank, teardown, world_size
 from longmoe.distributed.parallelize import parallelize
 from longmoe.distributed.reduce import all_reduce_sum, clip_grad_norm_, sync_balance_stats
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.train.sharding import context_part, shard_batch
 
 # collective -> the argument holding what this rank contributes (FSDP2 in torch 2.13 calls the *_single

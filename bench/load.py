@@ -29,8 +29,8 @@ import httpx
 import torch
 
 from bench.common import bench_tokenizer, markdown_table, write_results
-from longmoe.config import preset
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.serve.api import create_app, serve_in_thread
 from longmoe.serve.api.protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from longmoe.serve.engine import Engine

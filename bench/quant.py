@@ -24,10 +24,10 @@ import torch
 from bench.common import markdown_table, write_results
 from bench.serve import WINDOWS, engine_decode
 from longmoe.checkpoint import load_model
-from longmoe.config import preset
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.eval.ppl import long_documents, position_losses
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.quantize import quantize_model, weight_bytes
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.train.config import TrainConfig, tiny_curriculum

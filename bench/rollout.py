@@ -26,10 +26,10 @@ import torch
 
 from bench.common import bench_tokenizer, markdown_table, write_results
 from longmoe.agent.rollout import RolloutConfig, collect
-from longmoe.config import preset
 from longmoe.data.chat import AssistantTurn
 from longmoe.envs.base import StepResult
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.serve.engine import Engine, EngineConfig
 
 MODES = ("session", "prefix", "re-prefill")

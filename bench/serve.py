@@ -35,8 +35,9 @@ import torch
 from bench.common import bench_tokenizer, markdown_table, write_results
 from bench.serve_fast import prefix_rows, spec_rows
 from bench.structured import structured_rows
-from longmoe.config import ModelConfig, preset
+from longmoe.config import ModelConfig
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 

@@ -23,7 +23,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, the shell convention
 # name -> (module path, one-line help). Add a command by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "version": ("longmoe.cli", "print the longmoe version"),
-    "inspect": ("longmoe.inspect", "parameter, sparsity and cache-memory accounting for a config"),
+    "inspect": ("longmoe.inspect_cli", "parameter, sparsity and cache-memory accounting for a config"),
     "train": ("longmoe.train.cli", "pretrain a model through a context curriculum"),
     "sft": ("longmoe.train.sft_cli", "fine-tune a pretrained run on expert tool-use demonstrations"),
     "plot": ("longmoe.train.plots", "render loss/balance plots for a training run directory"),

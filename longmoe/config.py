@@ -1,24 +1,20 @@
-"""Typed, validated model configuration (``config.json``), the named presets, and the config I/O
-every config dataclass shares.
+"""Typed, validated model configuration (``config.json``): ``ModelConfig`` and its ``FFNConfig`` and
+``VisionConfig`` sections.
 
 Every field is checked on construction; errors name the field and the allowed values so a user
-editing ``config.json`` by hand knows exactly what to fix. ``JsonConfig`` (``to_dict`` /
-``from_dict`` / ``save`` / ``load``) and ``dataclass_from_dict`` are the one implementation of
-reading a config file: unknown fields, nested configs and field types are checked there, and the
-errors name the file and the field.
+editing ``config.json`` by hand knows exactly what to fix. The file I/O is ``longmoe.configio``'s,
+the checks ``longmoe.validation``'s, the named presets ``longmoe.presets``'.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from longmoe.errors import UserError
+from longmoe.configio import JsonConfig, check_types, dataclass_from_dict
+from longmoe.validation import ConfigError as ConfigError  # the model config's error, importable from here
+from longmoe.validation import check, check_positive, is_positive_int
 
 # Label of a position that is not a training target (document boundaries, masked prompts): the
 # ``ignore_index`` of the model's cross-entropy and what the data packer writes.
@@ -35,158 +31,6 @@ VISION_ENCODERS = ("linear", "vit")
 # data/tokenizer.py, whose tests check this): the model finds the positions it writes image
 # embeddings into by this id, without importing the data layer
 IMAGE_PATCH_TOKEN_ID = 11
-
-
-class ConfigError(UserError, ValueError):
-    """A config field holds a value outside its allowed range."""
-
-
-def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
-    if not cond:
-        raise ConfigError(f"config field '{name}' = {value!r} is invalid: expected {allowed}")
-
-
-# ---------------------------------------------------------------------- shared config I/O
-C = TypeVar("C")
-
-_TYPE_NAMES = {int: "an integer", float: "a float", bool: "a boolean", str: "a string"}
-
-
-def _describe(t: Any) -> str:
-    """``float | None`` -> "null or a float": the expected type in words, for error messages."""
-    if t in _TYPE_NAMES:
-        return _TYPE_NAMES[t]
-    args = typing.get_args(t)
-    origin = typing.get_origin(t)
-    if origin in (types.UnionType, typing.Union):
-        return " or ".join("null" if a is type(None) else _describe(a) for a in args)
-    if origin is list:
-        return f"a list, each item {_describe(args[0])}" if args else "a list"
-    if origin is dict:
-        return f"an object, each value {_describe(args[1])}" if args else "an object"
-    if dataclasses.is_dataclass(t):
-        return f"a {t.__name__} (an object of its fields)"
-    return f"a {getattr(t, '__name__', t)}"
-
-
-def _is_type(v: Any, t: Any) -> bool:
-    """``v`` holds type ``t`` (an annotation: a scalar, ``X | None``, ``list[X]``, ``dict[str, X]``,
-    a dataclass). Integers count as floats; booleans count as neither."""
-    if t is Any:
-        return True
-    if t is float:
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
-    if t is int:
-        return isinstance(v, int) and not isinstance(v, bool)
-    if t in (bool, str):
-        return isinstance(v, t)
-    origin, args = typing.get_origin(t), typing.get_args(t)
-    if origin in (types.UnionType, typing.Union):
-        return any(v is None if a is type(None) else _is_type(v, a) for a in args)
-    if origin is list:
-        return isinstance(v, (list, tuple)) and (not args or all(_is_type(x, args[0]) for x in v))
-    if origin is dict:
-        return isinstance(v, dict) and (
-            not args or all(_is_type(k, args[0]) and _is_type(x, args[1]) for k, x in v.items())
-        )
-    if origin is tuple:
-        return isinstance(v, tuple)
-    return isinstance(t, type) and isinstance(v, t)
-
-
-def check_types(obj: Any, prefix: str = "") -> None:
-    """Every field of the dataclass ``obj`` holds its annotated type; otherwise a ``ConfigError``
-    naming the field (``prefix`` + name), the value and the expected type."""
-    for name, t in typing.get_type_hints(type(obj)).items():
-        if name in {f.name for f in dataclasses.fields(obj)}:
-            v = getattr(obj, name)
-            _check(_is_type(v, t), f"{prefix}{name}", v, _describe(t))
-
-
-def _dataclass_item(t: Any) -> Any:
-    """The dataclass that ``t`` (``X``, ``X | None`` or ``list[X]``) holds, else None."""
-    if dataclasses.is_dataclass(t):
-        return t
-    inner = [a for a in typing.get_args(t) if dataclasses.is_dataclass(a)]
-    return inner[0] if inner else None
-
-
-def dataclass_from_dict(cls: type[C], d: Any, where: str | None = None, prefix: str = "") -> C:
-    """``cls(**d)`` for a config dataclass, from parsed JSON: unknown fields are rejected and nested
-    config dataclasses (a field ``X`` or ``list[X]``) are built from their dicts. A ``ConfigError``
-    names the field (``prefix`` + name) and, with ``where`` (e.g. the file), where it came from."""
-    try:
-        if not isinstance(d, dict):
-            raise ConfigError(f"{prefix or 'config'} must be a JSON object, got {type(d).__name__}")
-        hints = typing.get_type_hints(cls)
-        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown config field(s) {[prefix + k for k in unknown]}; known fields: {sorted(known)}"
-            )
-        kwargs = dict(d)
-        for name, v in d.items():
-            sub = _dataclass_item(hints[name])
-            if sub is None:
-                continue
-            if isinstance(v, dict):
-                kwargs[name] = dataclass_from_dict(sub, v, prefix=f"{prefix}{name}.")
-            elif typing.get_origin(hints[name]) is list and isinstance(v, list):
-                kwargs[name] = [
-                    dataclass_from_dict(sub, x, prefix=f"{prefix}{name}[{i}].") if isinstance(x, dict) else x
-                    for i, x in enumerate(v)
-                ]
-        return cls(**kwargs)
-    except ConfigError as e:
-        if where is None:
-            raise
-        raise ConfigError(f"{where}: {e}") from e
-
-
-def load_json(path: str | Path) -> Any:
-    """Parsed JSON of a config file; ``FileNotFoundError`` / ``ConfigError`` name the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:  # a binary file is not JSON either
-        raise ConfigError(f"{path} is not valid JSON: {e}") from e
-
-
-def save_json(path: str | Path, d: Any) -> None:
-    Path(path).write_text(json.dumps(d, indent=2) + "\n")
-
-
-class JsonConfig:
-    """JSON I/O shared by the config dataclasses (``ModelConfig``, ``TrainConfig``, recipe configs):
-    ``from_dict``/``load`` go through ``dataclass_from_dict``, so every config file is checked the same
-    way and its errors name the file and the field."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
-
-    @classmethod
-    def from_dict(cls: type[C], d: dict[str, Any], where: str | None = None) -> C:
-        return dataclass_from_dict(cls, d, where)
-
-    def save(self, path: str | Path) -> None:
-        save_json(path, self.to_dict())
-
-    @classmethod
-    def load(cls: type[C], path: str | Path) -> C:
-        return cls.from_dict(load_json(path), where=str(path))  # type: ignore[attr-defined]
-
-
-def is_positive_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
-def _positive(obj: Any, *names: str) -> None:
-    for n in names:
-        v = getattr(obj, n)
-        _check(is_positive_int(v), n, v, "a positive integer")
 
 
 @dataclass
@@ -222,34 +66,59 @@ class FFNConfig:
 
     def validate(self, d_model: int | None = None) -> None:
         check_types(self, "ffn.")
-        _check(self.kind in FFN_KINDS, "ffn.kind", self.kind, f"one of {FFN_KINDS}")
-        _check(self.glu in GLU_KINDS, "ffn.glu", self.glu, f"one of {GLU_KINDS}")
-        _check(self.balancer in BALANCERS, "ffn.balancer", self.balancer, f"one of {BALANCERS}")
-        _positive(self, "dense_hidden", "n_experts", "top_k", "latent_ratio", "expert_hidden",
-                  "balance_window")
-        _check(self.top_k <= self.n_experts, "ffn.top_k", self.top_k,
-               f"an integer in [1, n_experts={self.n_experts}]")
+        check(self.kind in FFN_KINDS, "ffn.kind", self.kind, f"one of {FFN_KINDS}")
+        check(self.glu in GLU_KINDS, "ffn.glu", self.glu, f"one of {GLU_KINDS}")
+        check(self.balancer in BALANCERS, "ffn.balancer", self.balancer, f"one of {BALANCERS}")
+        check_positive(
+            self, "dense_hidden", "n_experts", "top_k", "latent_ratio", "expert_hidden", "balance_window"
+        )
+        check(
+            self.top_k <= self.n_experts,
+            "ffn.top_k",
+            self.top_k,
+            f"an integer in [1, n_experts={self.n_experts}]",
+        )
         for n in ("n_shared", "first_k_dense"):
             v = getattr(self, n)
-            _check(isinstance(v, int) and v >= 0, f"ffn.{n}", v, "a non-negative integer")
+            check(isinstance(v, int) and v >= 0, f"ffn.{n}", v, "a non-negative integer")
         if self.n_shared:
-            _positive(self, "shared_hidden")
-        _check(0.0 < self.balance_quantile < 1.0, "ffn.balance_quantile", self.balance_quantile,
-               "a float in (0, 1)")
-        _check(self.bias_step >= 0.0, "ffn.bias_step", self.bias_step, "a float >= 0")
-        _check(self.aux_loss_coef >= 0.0, "ffn.aux_loss_coef", self.aux_loss_coef, "a float >= 0")
-        _check(self.routed_scale > 0.0, "ffn.routed_scale", self.routed_scale, "a float > 0")
-        _positive(self, "n_group", "topk_group")
-        _check(self.n_experts % self.n_group == 0, "ffn.n_group", self.n_group,
-               f"a divisor of n_experts={self.n_experts}")
-        _check(self.topk_group <= self.n_group, "ffn.topk_group", self.topk_group,
-               f"an integer in [1, n_group={self.n_group}]")
+            check_positive(self, "shared_hidden")
+        check(
+            0.0 < self.balance_quantile < 1.0,
+            "ffn.balance_quantile",
+            self.balance_quantile,
+            "a float in (0, 1)",
+        )
+        check(self.bias_step >= 0.0, "ffn.bias_step", self.bias_step, "a float >= 0")
+        check(self.aux_loss_coef >= 0.0, "ffn.aux_loss_coef", self.aux_loss_coef, "a float >= 0")
+        check(self.routed_scale > 0.0, "ffn.routed_scale", self.routed_scale, "a float > 0")
+        check_positive(self, "n_group", "topk_group")
+        check(
+            self.n_experts % self.n_group == 0,
+            "ffn.n_group",
+            self.n_group,
+            f"a divisor of n_experts={self.n_experts}",
+        )
+        check(
+            self.topk_group <= self.n_group,
+            "ffn.topk_group",
+            self.topk_group,
+            f"an integer in [1, n_group={self.n_group}]",
+        )
         reach = self.topk_group * (self.n_experts // self.n_group)  # experts in the kept groups
-        _check(self.top_k <= reach, "ffn.top_k", self.top_k,
-               f"at most topk_group * n_experts / n_group = {reach}")
+        check(
+            self.top_k <= reach,
+            "ffn.top_k",
+            self.top_k,
+            f"at most topk_group * n_experts / n_group = {reach}",
+        )
         if d_model is not None:
-            _check(d_model % self.latent_ratio == 0, "ffn.latent_ratio", self.latent_ratio,
-                   f"a divisor of d_model={d_model}")
+            check(
+                d_model % self.latent_ratio == 0,
+                "ffn.latent_ratio",
+                self.latent_ratio,
+                f"a divisor of d_model={d_model}",
+            )
 
     def latent_dim(self, d_model: int) -> int:
         return d_model // self.latent_ratio
@@ -281,12 +150,15 @@ class VisionConfig:
         check_types(self, "vision.")
         for n in ("patch_size", "max_image_side", "width", "depth", "heads", "mlp_ratio"):
             v = getattr(self, n)
-            _check(is_positive_int(v), f"vision.{n}", v, "a positive integer")
-        _check(self.encoder in VISION_ENCODERS, "vision.encoder", self.encoder, f"one of {VISION_ENCODERS}")
-        _check(self.max_image_side % self.patch_size == 0, "vision.max_image_side", self.max_image_side,
-               f"a multiple of patch_size={self.patch_size}")
-        _check(self.width % self.heads == 0, "vision.width", self.width,
-               f"a multiple of heads={self.heads}")
+            check(is_positive_int(v), f"vision.{n}", v, "a positive integer")
+        check(self.encoder in VISION_ENCODERS, "vision.encoder", self.encoder, f"one of {VISION_ENCODERS}")
+        check(
+            self.max_image_side % self.patch_size == 0,
+            "vision.max_image_side",
+            self.max_image_side,
+            f"a multiple of patch_size={self.patch_size}",
+        )
+        check(self.width % self.heads == 0, "vision.width", self.width, f"a multiple of heads={self.heads}")
 
     @property
     def max_grid(self) -> int:
@@ -362,40 +234,81 @@ class ModelConfig(JsonConfig):
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         check_types(self)
-        _positive(self, "vocab_size", "d_model", "n_layers", "max_seq_len", "kda_heads",
-                  "kda_head_dim", "kda_conv_size", "kda_gate_rank", "kda_chunk_size", "mla_heads",
-                  "mla_kv_lora_rank", "mla_head_dim", "mla_v_head_dim",
-                  "attn_res_blocks")
+        check_positive(
+            self,
+            "vocab_size",
+            "d_model",
+            "n_layers",
+            "max_seq_len",
+            "kda_heads",
+            "kda_head_dim",
+            "kda_conv_size",
+            "kda_gate_rank",
+            "kda_chunk_size",
+            "mla_heads",
+            "mla_kv_lora_rank",
+            "mla_head_dim",
+            "mla_v_head_dim",
+            "attn_res_blocks",
+        )
         p = self.layer_pattern
-        _check(isinstance(p, str) and len(p) > 0 and set(p) <= set(LAYER_KINDS), "layer_pattern", p,
-               "a non-empty string of 'L' (KDA linear attention) and 'M' (gated NoPE MLA)")
-        _check(self.n_layers % len(p) == 0, "layer_pattern", p,
-               f"a pattern whose length divides n_layers={self.n_layers}")
-        _check(self.kda_gate in DECAY_GATES, "kda_gate", self.kda_gate, f"one of {DECAY_GATES}")
-        _check(self.g_min < 0.0, "g_min", self.g_min, "a negative float (e.g. -5.0)")
+        check(
+            isinstance(p, str) and len(p) > 0 and set(p) <= set(LAYER_KINDS),
+            "layer_pattern",
+            p,
+            "a non-empty string of 'L' (KDA linear attention) and 'M' (gated NoPE MLA)",
+        )
+        check(
+            self.n_layers % len(p) == 0,
+            "layer_pattern",
+            p,
+            f"a pattern whose length divides n_layers={self.n_layers}",
+        )
+        check(self.kda_gate in DECAY_GATES, "kda_gate", self.kda_gate, f"one of {DECAY_GATES}")
+        check(self.g_min < 0.0, "g_min", self.g_min, "a negative float (e.g. -5.0)")
         for n in ("kda_out_gate_rank", "mla_q_lora_rank"):
             v = getattr(self, n)
-            _check(isinstance(v, int) and not isinstance(v, bool) and v >= 0, n, v,
-                   "a non-negative integer (0 = full rank)")
+            check(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                n,
+                v,
+                "a non-negative integer (0 = full rank)",
+            )
         v = self.mla_shared_key_dim
-        _check(isinstance(v, int) and not isinstance(v, bool) and v >= 0, "mla_shared_key_dim", v,
-               "a non-negative integer (0 = no shared key part)")
+        check(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+            "mla_shared_key_dim",
+            v,
+            "a non-negative integer (0 = no shared key part)",
+        )
         for n in ("kda_l2_eps", "mla_norm_eps"):
             v = getattr(self, n)
-            _check(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0), n, v,
-                   "null or a float > 0")
-        _check(isinstance(self.mla_gate, bool), "mla_gate", self.mla_gate, "true or false")
-        _check(self.attn_res_blocks <= self.n_layers, "attn_res_blocks", self.attn_res_blocks,
-               f"an integer in [1, n_layers={self.n_layers}]")
-        _check(self.norm_eps > 0, "norm_eps", self.norm_eps, "a float > 0")
-        _check(self.init_std > 0, "init_std", self.init_std, "a float > 0")
-        _check(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
+            check(
+                v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0),
+                n,
+                v,
+                "null or a float > 0",
+            )
+        check(isinstance(self.mla_gate, bool), "mla_gate", self.mla_gate, "true or false")
+        check(
+            self.attn_res_blocks <= self.n_layers,
+            "attn_res_blocks",
+            self.attn_res_blocks,
+            f"an integer in [1, n_layers={self.n_layers}]",
+        )
+        check(self.norm_eps > 0, "norm_eps", self.norm_eps, "a float > 0")
+        check(self.init_std > 0, "init_std", self.init_std, "a float > 0")
+        check(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
         self.ffn.validate(self.d_model)
         if self.vision is not None:
             self.vision.validate()
         if self.ffn.kind == "moe":
-            _check(self.ffn.first_k_dense <= self.n_layers, "ffn.first_k_dense", self.ffn.first_k_dense,
-                   f"an integer in [0, n_layers={self.n_layers}]")
+            check(
+                self.ffn.first_k_dense <= self.n_layers,
+                "ffn.first_k_dense",
+                self.ffn.first_k_dense,
+                f"an integer in [0, n_layers={self.n_layers}]",
+            )
 
     # ------------------------------------------------------------------ derived
     @property
@@ -409,83 +322,3 @@ class ModelConfig(JsonConfig):
     # ------------------------------------------------------------------ I/O
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
-
-
-# ---------------------------------------------------------------------- presets
-def _tiny() -> ModelConfig:
-    """Trains on a 2-core CPU in minutes: hidden 128, 8 layers (3:1 KDA:MLA), 8 experts top-2."""
-    return ModelConfig(
-        vocab_size=2048, d_model=128, n_layers=8, layer_pattern="LLLM", max_seq_len=4096,
-        kda_heads=2, kda_head_dim=32, kda_gate_rank=16,
-        mla_heads=2, mla_q_lora_rank=64, mla_kv_lora_rank=32, mla_head_dim=32, mla_v_head_dim=32,
-        attn_res_blocks=4,
-        ffn=FFNConfig(kind="moe", dense_hidden=256, n_experts=8, top_k=2, n_shared=1, latent_ratio=2,
-                      expert_hidden=64, shared_hidden=128, first_k_dense=1),
-    )
-
-
-def _small() -> ModelConfig:
-    """A few hundred million parameters (total), GPU-trainable."""
-    return ModelConfig(
-        vocab_size=32768, d_model=1024, n_layers=16, layer_pattern="LLLM", max_seq_len=32768,
-        kda_heads=8, kda_head_dim=128, kda_gate_rank=64,
-        mla_heads=8, mla_q_lora_rank=384, mla_kv_lora_rank=256, mla_head_dim=128, mla_v_head_dim=128,
-        attn_res_blocks=4,
-        ffn=FFNConfig(kind="moe", dense_hidden=2816, n_experts=64, top_k=6, n_shared=1, latent_ratio=4,
-                      expert_hidden=512, shared_hidden=1024, first_k_dense=1),
-    )
-
-
-# The flagship's vision encoder. Assumed numbers (the seeds name a natively multimodal model, not its
-# encoder): 14-pixel patches, images up to 896 px a side (64 × 64 = 4096 patches), a ViT 1024 wide
-# and 24 deep with 16 heads (~0.4B parameters, the size of common open ViT-L/so400m encoders).
-FLAGSHIP_VISION = VisionConfig(
-    patch_size=14, max_image_side=896, encoder="vit", width=1024, depth=24, heads=16
-)
-
-
-def _flagship() -> ModelConfig:
-    """The seeds' scale (accounting only, never instantiated): 896 routed experts, 1M context.
-
-    ``longmoe inspect --preset flagship``: ~2.83T total, ~104B active per token (24 of 896 latent
-    experts at α = 2, one shared expert), untied embeddings; plus a 0.4B ViT for images
-    (``FLAGSHIP_VISION``).
-    """
-    return ModelConfig(
-        vocab_size=163840, d_model=7168, n_layers=64, layer_pattern="LLLM", max_seq_len=1 << 20,
-        kda_heads=64, kda_head_dim=128, kda_gate_rank=128,
-        mla_heads=64, mla_q_lora_rank=1536, mla_kv_lora_rank=512, mla_head_dim=192, mla_v_head_dim=128,
-        attn_res_blocks=8, dtype="bfloat16", tie_embeddings=False,
-        ffn=FFNConfig(kind="moe", dense_hidden=18432, n_experts=896, top_k=24, n_shared=1, latent_ratio=2,
-                      expert_hidden=4608, shared_hidden=4096, first_k_dense=1),
-        vision=FLAGSHIP_VISION,
-    )
-
-
-def _tiny_dense() -> ModelConfig:
-    """``tiny`` with a dense SwiGLU FFN everywhere (the MoE-free baseline / ablation)."""
-    cfg = _tiny()
-    return cfg.replace(ffn=FFNConfig(kind="dense", dense_hidden=cfg.ffn.dense_hidden))
-
-
-def _tiny_vision() -> ModelConfig:
-    """``tiny`` that also reads images: 8-pixel patches up to 120 px a side (15 × 15 patches: the largest
-    image, 227 tokens, fits the default curriculum's 256-token windows), a 2-layer ViT 128 wide."""
-    return _tiny().replace(
-        vision=VisionConfig(patch_size=8, max_image_side=120, encoder="vit", width=128, depth=2, heads=4)
-    )
-
-
-PRESETS = {
-    "tiny": _tiny,
-    "tiny-dense": _tiny_dense,
-    "tiny-vision": _tiny_vision,
-    "small": _small,
-    "flagship": _flagship,
-}
-
-
-def preset(name: str) -> ModelConfig:
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    return PRESETS[name]()

@@ -10,9 +10,9 @@ import torch
 
 from longmoe import checkpoint as ckpt
 from longmoe.cli import main
-from longmoe.config import preset
 from longmoe.data.stages import CurriculumStage
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.train.config import TrainConfig
 from longmoe.train.pretrain import Trainer
 

@@ -16,9 +16,9 @@ from tokenizers import models
 import longmoe.cli
 from longmoe import __version__
 from longmoe.cli import COMMANDS, main
-from longmoe.config import preset
 from longmoe.data.stages import CurriculumStage
 from longmoe.errors import UserError
+from longmoe.presets import preset
 from longmoe.train.config import TrainConfig
 from longmoe.train.pretrain import Trainer
 from tests.helpers.tokenizer import tokenizer_for_tests

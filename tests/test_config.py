@@ -6,16 +6,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from longmoe.config import (
-    ConfigError,
-    FFNConfig,
-    JsonConfig,
-    ModelConfig,
-    VisionConfig,
-    check_types,
-    dataclass_from_dict,
-    preset,
-)
+from longmoe.config import ConfigError, FFNConfig, ModelConfig, VisionConfig
+from longmoe.configio import JsonConfig, check_types, dataclass_from_dict
+from longmoe.presets import preset
 
 
 @pytest.mark.parametrize("name", ["tiny", "small", "flagship", "tiny-vision"])
@@ -130,7 +123,7 @@ def test_dataclass_from_dict_builds_nested_configs_and_round_trips(tmp_path):
 def test_kimi_linear_options_build_and_keep_defaults():
     """The options Kimi-Linear import needs are off by default; turned on they build a model whose
     parameter count matches the layers' formulas (used by ``longmoe inspect``)."""
-    from longmoe.inspect import param_counts
+    from longmoe.accounting import param_counts
     from longmoe.model import LongMoE
 
     d = ModelConfig()

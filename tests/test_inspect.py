@@ -6,9 +6,12 @@ import json
 
 import pytest
 
-from longmoe.config import FFNConfig, VisionConfig, preset
-from longmoe.inspect import cache_accounting, format_report, param_counts, report
+from longmoe.accounting import param_counts
+from longmoe.config import FFNConfig, VisionConfig
+from longmoe.inspect_cli import format_report, report
+from longmoe.memory import cache_accounting
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.serve.budget import CacheSpec
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from longmoe.cache import Cache
-from longmoe.config import ConfigError, FFNConfig, ModelConfig, preset
+from longmoe.config import ConfigError, FFNConfig, ModelConfig
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from tests.helpers.models import nudge_off_init
 
 TOL = 1e-4  # fp32, the bound for decode == full forward

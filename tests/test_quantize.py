@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longmoe.config import preset
 from longmoe.layers.mla import MLALayer
 from longmoe.layers.quant import QuantExperts, QuantLinear
 from longmoe.model import LongMoE
 from longmoe.ops.quant import dequantize
+from longmoe.presets import preset
 from longmoe.quantize import KEEP_FLOAT, plan, quantize_model, quantized_footprint, weight_bytes
 
 # relative L2 error of the logits of the fp32 tiny preset at init, quantized (bf16 compute) vs fp32.

@@ -34,6 +34,7 @@ from longmoe.serve.engine import Engine
 from longmoe.serve.request import Completion, Event
 from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.session import Session
+from longmoe.validation import FLAG_MESSAGE, check, check_int_range
 
 
 @dataclass(frozen=True)
@@ -57,13 +58,10 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         for f in ("group_size", "max_turn_tokens", "max_episode_tokens"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{f}: expected an integer >= 1, got {v!r}")
-        if not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature: expected a number in [0, 100], got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p}")
+            check_int_range(f, getattr(self, f), 1, message=FLAG_MESSAGE)
+        t, p = self.temperature, self.top_p
+        check(0.0 <= t <= 100.0, "temperature", t, "a number in [0, 100]", message=FLAG_MESSAGE)
+        check(0.0 < p <= 1.0, "top_p", p, "a number in (0, 1]", message=FLAG_MESSAGE)
 
 
 @dataclass

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from longmoe.config import _check, check_types, is_positive_int
+from longmoe.configio import check_types
+from longmoe.validation import check, is_positive_int
 
 SYNTHETIC_LOSS = ("all", "answer")  # which tokens of a task document are training targets
 
@@ -48,10 +49,10 @@ class CurriculumStage:
     def validate(self, i: int = 0) -> None:
         p = f"stages[{i}]"
         check_types(self, f"{p}.")
-        _check(isinstance(self.name, str) and bool(self.name), f"{p}.name", self.name, "a non-empty string")
+        check(isinstance(self.name, str) and bool(self.name), f"{p}.name", self.name, "a non-empty string")
         for n in ("window", "tokens", "batch_size", "replay_window"):
-            _check(is_positive_int(getattr(self, n)), f"{p}.{n}", getattr(self, n), "a positive integer")
-        _check(
+            check(is_positive_int(getattr(self, n)), f"{p}.{n}", getattr(self, n), "a positive integer")
+        check(
             0.0 <= self.replay_fraction < 1.0,
             f"{p}.replay_fraction",
             self.replay_fraction,
@@ -59,7 +60,7 @@ class CurriculumStage:
         )
         for n in ("mix", "replay_mix"):
             m = getattr(self, n)
-            _check(
+            check(
                 isinstance(m, dict)
                 and m
                 and all(isinstance(w, (int, float)) and w >= 0 for w in m.values())
@@ -68,20 +69,20 @@ class CurriculumStage:
                 m,
                 "a non-empty dict source -> non-negative weight with a positive sum",
             )
-        _check(
+        check(
             self.synthetic_loss in SYNTHETIC_LOSS,
             f"{p}.synthetic_loss",
             self.synthetic_loss,
             f"one of {SYNTHETIC_LOSS}",
         )
-        _check(
+        check(
             self.synthetic_length is None or valid_length_range(self.synthetic_length),
             f"{p}.synthetic_length",
             self.synthetic_length,
             "null or [lo, hi] with 0 < lo <= hi < 1 (fractions of the window)",
         )
         if self.replay_fraction > 0:
-            _check(
+            check(
                 self.replay_window <= self.window,
                 f"{p}.replay_window",
                 self.replay_window,

@@ -18,6 +18,7 @@ from typing import Any
 
 from longmoe.data.chat import AssistantTurn
 from longmoe.envs.base import EnvConfigError, Message, StepResult, describe_tools
+from longmoe.validation import ASSIGN_MESSAGE, check, check_int_range, is_int
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "number": (int, float)}
 
@@ -74,9 +75,8 @@ def answer_matches(content: str, answer: str) -> bool:
 
 
 def check_range(field: str, value: int, lo: int, hi: int) -> None:
-    """Config validation: ``lo <= value <= hi`` (ints only), else an error naming the field."""
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise EnvConfigError(f"{field}={value!r} is invalid: expected an integer in [{lo}, {hi}]")
+    """Config validation: ``lo <= value <= hi`` (ints only), else an ``EnvConfigError`` naming the field."""
+    check_int_range(field, value, lo, hi, EnvConfigError, ASSIGN_MESSAGE)
 
 
 class ToolEnv:
@@ -112,8 +112,9 @@ class ToolEnv:
         return self._horizon
 
     def reset(self, seed: int) -> list[Message]:
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise EnvConfigError(f"seed={seed!r} is invalid: expected a non-negative integer")
+        check(
+            is_int(seed) and seed >= 0, "seed", seed, "a non-negative integer", EnvConfigError, ASSIGN_MESSAGE
+        )
         self.seed, self.done = seed, False
         self.turns, self.tool_calls, self.tool_errors = 0, 0, 0
         question = self._draw(seed)

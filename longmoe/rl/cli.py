@@ -16,10 +16,12 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from longmoe.config import ConfigError, load_json
-from longmoe.rl.config import RL_CONFIG, RLConfig
+from longmoe.config import ConfigError
+from longmoe.configio import load_json
+from longmoe.rl.config import LEGACY_ENGINE_FIELDS, RL_CONFIG, RLConfig
 from longmoe.rl.plots import render
 from longmoe.rl.trainer import RLTrainer
+from longmoe.serve.engine_config import EngineConfig
 
 
 def field_help() -> dict[str, str]:
@@ -50,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(RLConfig):
         t = hints[f.name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if f.name == "engine":
+            add_engine_arguments(g, default)
+            continue
         h = f"{helps.get(f.name, f.name)} (default: {json.dumps(default)})"
         flag = "--" + f.name.replace("_", "-")
         if t is bool:
@@ -62,12 +67,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, dest=f.name, type=json.loads, help=h + "; a JSON object")
 
 
+def add_engine_arguments(g: argparse._ArgumentGroup, default: EngineConfig) -> None:
+    """``--engine`` (a JSON object of ``EngineConfig`` fields) and a flag for each of the engine
+    fields RL tunes most (``--max-batch``, ``--prefill-chunk``)."""
+    g.add_argument(
+        "--engine", type=json.loads, help="the rollout engine's options (EngineConfig fields), a JSON "
+        f"object; fields not given keep their defaults ({json.dumps(dataclasses.asdict(default))})",
+    )  # fmt: skip
+    helps = {
+        "max_batch": "engine: episodes decoding at once",
+        "prefill_chunk": "engine: prompt tokens per scheduler step",
+    }
+    for name in LEGACY_ENGINE_FIELDS:
+        h = f"{helps[name]} (default: {getattr(default, name)})"
+        g.add_argument("--" + name.replace("_", "-"), dest=name, type=int, help=h)
+
+
 def config_from_args(args: argparse.Namespace) -> RLConfig:
     base: dict[str, Any] = load_json(args.config) if args.config else {}
     for f in dataclasses.fields(RLConfig):
         v = getattr(args, f.name, None)
         if v is not None:
             base[f.name] = v
+    for name in LEGACY_ENGINE_FIELDS:  # engine shortcuts win over --engine and the config file
+        v = getattr(args, name, None)
+        if v is not None:
+            base.pop(name, None)
+            engine = base.get("engine")
+            base["engine"] = {**(engine if isinstance(engine, dict) else {}), name: v}
     return RLConfig.from_dict(base, where=str(args.config) if args.config else "options")
 
 

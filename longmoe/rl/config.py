@@ -1,18 +1,31 @@
 """``RLConfig``: every choice of the RL recipe as a typed, validated field (so each can be ablated).
 
 Written to ``RUN/rl_config.json`` and read back on ``--resume``, so a resumed run keeps its settings.
+The rollout engine's options are an embedded ``EngineConfig`` (``engine``); a run directory written
+before that, with ``max_batch`` / ``prefill_chunk`` at the top level, still loads (they move into it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from longmoe.config import JsonConfig, _check, check_types, is_positive_int
+from longmoe.configio import JsonConfig, check_types
 from longmoe.rl.loss import NORMS
+from longmoe.serve.engine_config import EngineConfig
+from longmoe.validation import check, is_positive_int
 
 RL_CONFIG = "rl_config.json"  # RUN/rl_config.json
 REFERENCE_DIR = "reference"  # RUN/reference: the frozen reference model (the starting weights)
+# engine fields an RLConfig held at its top level before it embedded an EngineConfig
+LEGACY_ENGINE_FIELDS = ("max_batch", "prefill_chunk")
+
+
+def rl_engine_config(**changes: Any) -> EngineConfig:
+    """The rollout engine's defaults: many episodes decoding at once, a 4 GiB cache budget, a queue
+    that never refuses a group (``max_context`` None: the trainer sets it from ``max_episode_tokens``)."""
+    return EngineConfig(**{"max_batch": 64, "cache_budget_bytes": 4 << 30, "max_waiting": 1 << 16, **changes})
 
 
 @dataclass
@@ -48,26 +61,43 @@ class RLConfig(JsonConfig):
     seed: int = 0  # task seeds and sampling seeds derive from it and the step
     ckpt_every: int = 10  # steps between checkpoints (0: only at the end)
     keep_last: int = 2  # complete checkpoints kept
-    max_batch: int = 64  # engine: episodes decoding at once
-    prefill_chunk: int = 512  # engine: prompt tokens per scheduler step
+    engine: EngineConfig = field(default_factory=rl_engine_config)  # the rollout engine's options
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str | None = None) -> RLConfig:
+        """From parsed JSON: ``engine`` fields not given keep the RL defaults (``rl_engine_config``), and
+        the top-level ``max_batch`` / ``prefill_chunk`` of an older ``rl_config.json`` move into it."""
+        if isinstance(d, dict):
+            d = dict(d)
+            engine = d.get("engine", {})
+            moved = {k: d.pop(k) for k in LEGACY_ENGINE_FIELDS if k in d}
+            if isinstance(engine, dict):
+                d["engine"] = {**dataclasses.asdict(rl_engine_config()), **moved, **engine}
+        return super().from_dict(d, where)  # type: ignore[misc]
+
+    def engine_config(self) -> EngineConfig:
+        """The engine the rollouts run on: ``engine`` with ``max_context`` (unless set) fitting an episode."""
+        if self.engine.max_context is not None:
+            return self.engine
+        return dataclasses.replace(self.engine, max_context=max(self.max_episode_tokens + 1, 2))
 
     def __post_init__(self) -> None:
         check_types(self)
         for f in ("steps", "tasks_per_step", "group_size", "max_turn_tokens", "max_episode_tokens"):
-            _check(is_positive_int(getattr(self, f)), f, getattr(self, f), "a positive integer")
-        for f in ("ppo_epochs", "minibatches", "micro_batch", "keep_last", "max_batch", "prefill_chunk"):
-            _check(is_positive_int(getattr(self, f)), f, getattr(self, f), "a positive integer")
+            check(is_positive_int(getattr(self, f)), f, getattr(self, f), "a positive integer")
+        for f in ("ppo_epochs", "minibatches", "micro_batch", "keep_last"):
+            check(is_positive_int(getattr(self, f)), f, getattr(self, f), "a positive integer")
         for f in ("ckpt_every", "drift_every", "drift_trajectories"):
-            _check(getattr(self, f) >= 0, f, getattr(self, f), "an integer >= 0")
-        _check(bool(self.horizons) and all(is_positive_int(h) for h in self.horizons), "horizons",
+            check(getattr(self, f) >= 0, f, getattr(self, f), "an integer >= 0")
+        check(bool(self.horizons) and all(is_positive_int(h) for h in self.horizons), "horizons",
                self.horizons, "a non-empty list of positive integers")  # fmt: skip
-        _check(0 < self.lr < 1, "lr", self.lr, "a number in (0, 1)")
-        _check(0 <= self.clip_low < 1 and self.clip_high >= 0, "clip_low/clip_high",
+        check(0 < self.lr < 1, "lr", self.lr, "a number in (0, 1)")
+        check(0 <= self.clip_low < 1 and self.clip_high >= 0, "clip_low/clip_high",
                (self.clip_low, self.clip_high), "clip_low in [0, 1) and clip_high >= 0")  # fmt: skip
-        _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
-        _check(self.step_adv_weight >= 0, "step_adv_weight", self.step_adv_weight, "a number >= 0")
-        _check(0 < self.gamma <= 1, "gamma", self.gamma, "a number in (0, 1]")
-        _check(0 < self.temperature <= 10, "temperature", self.temperature, "a number in (0, 10]")
-        _check(self.loss_norm in NORMS, "loss_norm", self.loss_norm, f"one of {NORMS}")
-        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "a number >= 0")
-        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
+        check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
+        check(self.step_adv_weight >= 0, "step_adv_weight", self.step_adv_weight, "a number >= 0")
+        check(0 < self.gamma <= 1, "gamma", self.gamma, "a number in (0, 1]")
+        check(0 < self.temperature <= 10, "temperature", self.temperature, "a number in (0, 10]")
+        check(self.loss_norm in NORMS, "loss_norm", self.loss_norm, f"one of {NORMS}")
+        check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "a number >= 0")
+        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")

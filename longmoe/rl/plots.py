@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.plotting import pyplot
-from longmoe.train.plots import read_metrics
+from longmoe.runlog import read_metrics
 
 PANELS = (
     ("reward", "reward (mean)"),

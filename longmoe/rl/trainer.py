@@ -26,7 +26,6 @@ are functions of the step, the minibatch order of a seeded generator.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -44,11 +43,11 @@ from longmoe.model import LongMoE
 from longmoe.rl.advantage import turn_advantages
 from longmoe.rl.config import REFERENCE_DIR, RL_CONFIG, RLConfig
 from longmoe.rl.loss import policy_loss
+from longmoe.runlog import append_metrics, truncate_metrics
 from longmoe.serve.engine import Engine
-from longmoe.serve.engine_config import EngineConfig
 from longmoe.train.drift import freeze_routing, measure_drift
-from longmoe.train.plots import read_metrics_lines
-from longmoe.train.pretrain import param_groups, rng_state, seed_everything, set_rng_state
+from longmoe.train.optim import param_groups
+from longmoe.train.rng import rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -147,28 +146,13 @@ class RLTrainer:
             set_rng_state(state["rng"])
             self.step = int(state["step"])
             log.info("resumed %s at step %d", self.run_dir, self.step)
-        self._truncate_metrics(self.step)
+        truncate_metrics(self.run_dir, self.step)  # a resumed log reads as one uninterrupted run
         self.env_factory = env_factory or (lambda h: make_env(cfg.env, horizon=h, **cfg.env_args))
-        engine_cfg = EngineConfig(
-            max_batch=cfg.max_batch,
-            prefill_chunk=cfg.prefill_chunk,
-            max_context=max(cfg.max_episode_tokens + 1, 2),
-            cache_budget_bytes=4 << 30,
-            max_waiting=1 << 16,
-        )
-        self.engine = Engine(self.policy, self.tok, engine_cfg)  # serves the policy module itself
+        self.engine = Engine(self.policy, self.tok, cfg.engine_config())  # serves the policy module itself
 
     # ------------------------------------------------------------------ run files
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop log lines after ``step`` so a resumed run's log reads as one uninterrupted run."""
-        f = self.run_dir / ckpt.METRICS
-        if f.exists():
-            keep = [ln for ln in read_metrics_lines(f) if json.loads(ln).get("step", 0) <= step]
-            f.write_text("".join(ln + "\n" for ln in keep))
-
     def log(self, rec: dict[str, Any]) -> None:
-        with open(self.run_dir / ckpt.METRICS, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        append_metrics(self.run_dir, rec)
 
     def save(self) -> Path:
         state = {"step": self.step, "optimizer": self.opt.state_dict(), "rng": rng_state()}

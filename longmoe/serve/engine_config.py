@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from longmoe.ops.quant import MODES as QUANT_MODES
 from longmoe.serve.images import ImageLimits
+from longmoe.validation import FLAG_MESSAGE, check, check_int_range, is_int
 
 IMAGE_LIMITS = ("max_images", "max_image_bytes", "max_image_pixels")
 
@@ -38,14 +39,18 @@ class EngineConfig:
     def __post_init__(self) -> None:
         ints = ("prefill_chunk", "max_batch", "cache_budget_bytes", "block_size", "max_waiting")
         for f in (*ints, "prefix_block_size", "num_speculative_tokens", *IMAGE_LIMITS):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{f}: expected an integer >= 1, got {v!r}")
+            check_int_range(f, getattr(self, f), 1, message=FLAG_MESSAGE)
         v = self.max_context
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
-            raise ValueError(f"max_context: expected None or an integer >= 2, got {v!r}")
-        if self.quantize is not None and self.quantize not in QUANT_MODES:
-            raise ValueError(f"quantize: expected None or one of {QUANT_MODES}, got {self.quantize!r}")
+        ok = v is None or (is_int(v) and v >= 2)
+        check(ok, "max_context", v, "None or an integer >= 2", message=FLAG_MESSAGE)
+        q = self.quantize
+        check(
+            q is None or q in QUANT_MODES,
+            "quantize",
+            q,
+            f"None or one of {QUANT_MODES}",
+            message=FLAG_MESSAGE,
+        )
 
     @property
     def image_limits(self) -> ImageLimits:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from longmoe import checkpoint as ckpt
 from longmoe.argtypes import positive_float, positive_int
-from longmoe.config import ConfigError, ModelConfig, load_json, preset
+from longmoe.config import ConfigError, ModelConfig
+from longmoe.configio import load_json
 from longmoe.data.stages import CurriculumStage, tiny_curriculum
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.distributed.parallel_dims import (
@@ -27,9 +28,11 @@ from longmoe.distributed.parallel_dims import (
     world_size,
 )
 from longmoe.errors import UserError
+from longmoe.memory import check_memory
+from longmoe.presets import preset
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import render
-from longmoe.train.pretrain import Trainer, check_memory, config_differences, train_tokenizer
+from longmoe.train.pretrain import Trainer, config_differences, train_tokenizer
 
 DEFAULT_PRESET = "tiny"
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from longmoe.config import JsonConfig, _check, check_types, dataclass_from_dict, is_positive_int
+from longmoe.configio import JsonConfig, check_types, dataclass_from_dict
 from longmoe.data.stages import CurriculumStage, tiny_curriculum
+from longmoe.validation import check, is_positive_int
 
 SCHEDULES = ("cosine", "wsd", "constant")
 
@@ -58,7 +59,7 @@ class TrainConfig(JsonConfig):
 
     def validate(self) -> None:
         check_types(self)
-        _check(
+        check(
             isinstance(self.stages, list) and len(self.stages) > 0,
             "stages",
             self.stages,
@@ -66,28 +67,28 @@ class TrainConfig(JsonConfig):
         )
         for i, s in enumerate(self.stages):
             s.validate(i)
-        _check(self.lr > 0, "lr", self.lr, "a float > 0")
-        _check(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
-        _check(self.schedule in SCHEDULES, "schedule", self.schedule, f"one of {SCHEDULES}")
-        _check(
+        check(self.lr > 0, "lr", self.lr, "a float > 0")
+        check(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
+        check(self.schedule in SCHEDULES, "schedule", self.schedule, f"one of {SCHEDULES}")
+        check(
             0.0 < self.wsd_decay_fraction <= 1.0,
             "wsd_decay_fraction",
             self.wsd_decay_fraction,
             "a float in (0, 1]",
         )
-        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a float >= 0")
-        _check(
+        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a float >= 0")
+        check(
             0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
             "beta1/beta2",
             (self.beta1, self.beta2),
             "floats in [0, 1)",
         )
-        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "a float >= 0 (0 disables clipping)")
+        check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "a float >= 0 (0 disables clipping)")
         for n in ("grad_accum", "log_every", "val_windows", "keep_last"):
-            _check(is_positive_int(getattr(self, n)), n, getattr(self, n), "a positive integer")
+            check(is_positive_int(getattr(self, n)), n, getattr(self, n), "a positive integer")
         for n in ("ep", "cp"):
-            _check(is_positive_int(getattr(self, n)), n, getattr(self, n), "a positive integer")
-        _check(
+            check(is_positive_int(getattr(self, n)), n, getattr(self, n), "a positive integer")
+        check(
             self.dp_shard is None or is_positive_int(self.dp_shard),
             "dp_shard",
             self.dp_shard,
@@ -95,7 +96,7 @@ class TrainConfig(JsonConfig):
         )
         for n in ("warmup_steps", "eval_every", "ckpt_every", "seed"):
             v = getattr(self, n)
-            _check(isinstance(v, int) and v >= 0, n, v, "a non-negative integer")
+            check(isinstance(v, int) and v >= 0, n, v, "a non-negative integer")
 
     @property
     def total_batches(self) -> int:

@@ -8,40 +8,14 @@ Also the ``longmoe plot RUN_DIR`` command, so a running or finished run can be l
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from longmoe.checkpoint import METRICS
 from longmoe.plotting import pyplot
+from longmoe.runlog import read_metrics
 
 log = logging.getLogger(__name__)
-
-
-def read_metrics_lines(path: Path) -> list[str]:
-    """The lines of ``metrics.jsonl`` that parse. A process killed mid-write leaves a truncated last
-    line; it (and any other unreadable line) is dropped with a warning so the run can resume."""
-    lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-    good = []
-    for i, ln in enumerate(lines):
-        try:
-            rec = json.loads(ln)
-        except json.JSONDecodeError:
-            rec = None
-        if not isinstance(rec, dict):
-            where = "its truncated last line" if i == len(lines) - 1 else f"unreadable line {i + 1}"
-            log.warning("%s: dropping %s (a crash mid-write?)", path, where)
-            continue
-        good.append(ln)
-    return good
-
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    f = Path(run_dir) / METRICS
-    if not f.is_file():
-        raise FileNotFoundError(f"{f} not found: is {run_dir} a training run directory?")
-    return [json.loads(ln) for ln in read_metrics_lines(f)]
 
 
 def plot_loss(recs: list[dict[str, Any]], out: Path) -> Path:

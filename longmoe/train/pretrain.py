@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -32,7 +31,6 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from torch import nn
 from tqdm import tqdm
 
 from longmoe import checkpoint as ckpt
@@ -43,13 +41,14 @@ from longmoe.distributed import checkpoint as dcp_ckpt
 from longmoe.distributed.parallel_dims import ParallelDims, barrier, init_distributed, is_rank0
 from longmoe.distributed.parallelize import parallelize
 from longmoe.distributed.reduce import all_reduce_sum, clip_grad_norm_, sync_balance_stats
-from longmoe.inspect import training_memory
+from longmoe.memory import check_memory
 from longmoe.model import WEIGHTS_FILE, LongMoE, ModelOutput
-from longmoe.runtime import available_memory_bytes
+from longmoe.runlog import append_metrics, truncate_metrics
 from longmoe.train.config import TrainConfig
 from longmoe.train.curriculum import Curriculum, val_batches
 from longmoe.train.drift import freeze_routing
-from longmoe.train.plots import read_metrics_lines
+from longmoe.train.optim import lr_at, param_groups
+from longmoe.train.rng import rng_state, seed_everything, set_rng_state
 from longmoe.train.sharding import (
     ParallelRun,
     batch_to,
@@ -63,58 +62,8 @@ MAX_BAD_STEPS = 8  # consecutive non-finite-gradient steps before training stops
 
 log = logging.getLogger(__name__)
 
-NO_DECAY_KEYS = ("norm", "gate_up", "attn_res")  # norms, the decay-gate projection, AttnRes queries
-
 
 # ---------------------------------------------------------------------------------------- pieces
-def lr_at(step: int, cfg: TrainConfig, total: int) -> float:
-    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine / WSD / constant."""
-    peak, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
-    if cfg.warmup_steps and step < cfg.warmup_steps:
-        return peak * (step + 1) / cfg.warmup_steps
-    if cfg.schedule == "constant":
-        return peak
-    span = max(1, total - cfg.warmup_steps)
-    t = min(1.0, (step - cfg.warmup_steps) / span)  # progress after warmup, in [0, 1]
-    if cfg.schedule == "cosine":
-        return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * t))
-    # WSD: warmup, stable at the peak, then a linear decay over the last ``wsd_decay_fraction``
-    start = 1.0 - cfg.wsd_decay_fraction
-    return peak if t <= start else peak - (peak - floor) * (t - start) / cfg.wsd_decay_fraction
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: matrices decay; norms, biases, decay-gate parameters and AttnRes queries do not."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        skip = p.dim() < 2 or name.endswith(".A") or any(k in name for k in NO_DECAY_KEYS)
-        (no_decay if skip else decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate()}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(_as_tuple(state["python"]))
-
-
-def _as_tuple(x: Any) -> Any:
-    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
 def train_tokenizer(
     vocab_size: int, data: str | Path | None = None, max_chars: int = 20_000_000
 ) -> Tokenizer:
@@ -132,19 +81,6 @@ def check_fits(cfg: ModelConfig, tok: Tokenizer) -> None:
         raise ConfigError(
             f"the tokenizer's <|image_patch|> has id {tok.image_patch_id}, but a vision model finds image "
             f"positions by id {IMAGE_PATCH_TOKEN_ID}: use a tokenizer trained by longmoe"
-        )
-
-
-def check_memory(cfg: ModelConfig, available: int | None = None) -> None:
-    """Refuse a model whose weights, gradients and AdamW moments alone exceed the memory left
-    (``available``: bytes, default measured now) instead of failing deep inside an allocation."""
-    need = training_memory(cfg)["total"]
-    have = available_memory_bytes() if available is None else available
-    if have is not None and need > have:
-        raise ConfigError(
-            f"this model needs at least {need / 2**30:,.1f} GiB to train (weights, gradients and AdamW "
-            f"moments in {cfg.dtype}, before activations) but only {have / 2**30:,.1f} GiB of memory is "
-            "available: choose a smaller preset or config (`longmoe inspect` shows the accounting)"
         )
 
 
@@ -275,12 +211,8 @@ class Trainer:
         log.info("resumed %s at step %d (%s)", self.run_dir, self.step, path.name)
 
     def _truncate_metrics(self, step: int) -> None:
-        """Drop log lines after ``step`` so a resumed run's log reads as one uninterrupted run."""
-        f = self.run_dir / ckpt.METRICS
-        if not f.exists() or not is_rank0():
-            return
-        keep = [ln for ln in read_metrics_lines(f) if json.loads(ln).get("step", 0) <= step]
-        f.write_text("".join(ln + "\n" for ln in keep))
+        if is_rank0():
+            truncate_metrics(self.run_dir, step)
 
     def save(self) -> Path:
         if self.par.enabled:
@@ -302,8 +234,7 @@ class Trainer:
     def log(self, rec: dict[str, Any]) -> None:
         if not is_rank0():
             return
-        with open(self.run_dir / ckpt.METRICS, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        append_metrics(self.run_dir, rec)
 
     # ------------------------------------------------------------------ steps
     def _autocast(self) -> Any:

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from longmoe import checkpoint as ckpt
-from longmoe.config import IGNORE_INDEX, JsonConfig, ModelConfig, _check, check_types, is_positive_int
+from longmoe.config import IGNORE_INDEX, ModelConfig
+from longmoe.configio import JsonConfig, check_types
 from longmoe.data.chat import encode_chat
 from longmoe.data.packing import Window, collate
 from longmoe.data.stages import CurriculumStage
@@ -43,6 +44,7 @@ from longmoe.train.config import TrainConfig
 from longmoe.train.curriculum import Curriculum, val_batches
 from longmoe.train.drift import RoutingDrift, routing_choices, routing_drift
 from longmoe.train.pretrain import Trainer
+from longmoe.validation import check, is_positive_int
 
 SFT_CONFIG = "sft_config.json"
 DRIFT_REFERENCE = "drift_reference.pt"
@@ -67,26 +69,26 @@ class SFTConfig(JsonConfig):
 
     def __post_init__(self) -> None:
         check_types(self)
-        _check(bool(self.init_from), "init_from", self.init_from, "a pretrained run or model directory")
-        _check(
+        check(bool(self.init_from), "init_from", self.init_from, "a pretrained run or model directory")
+        check(
             bool(self.envs) and set(self.envs) <= set(ENVS) and all(w >= 0 for w in self.envs.values())
             and sum(self.envs.values()) > 0,
             "envs", self.envs, f"a non-empty map from {sorted(ENVS)} to weights >= 0 with a positive sum",
         )  # fmt: skip
-        _check(
+        check(
             bool(self.horizons) and all(is_positive_int(h) for h in self.horizons),
             "horizons", self.horizons, "a non-empty list of positive integers",
         )  # fmt: skip
-        _check(
+        check(
             set(self.env_options) <= set(ENVS), "env_options", self.env_options, f"keys from {sorted(ENVS)}"
         )
         for name in self.envs:  # build each config once now, so a bad field fails before training
             for h in self.horizons:
                 env_config(name, **{**self.env_options.get(name, {}), "horizon": h})
-        _check(is_positive_int(self.max_len), "max_len", self.max_len, "a positive integer")
+        check(is_positive_int(self.max_len), "max_len", self.max_len, "a positive integer")
         for n in ("drift_every", "drift_probe"):
             v = getattr(self, n)
-            _check(isinstance(v, int) and v >= 0, n, v, "a non-negative integer")
+            check(isinstance(v, int) and v >= 0, n, v, "a non-negative integer")
 
 
 def sft_stage(

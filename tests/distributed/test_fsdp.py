@@ -9,14 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from longmoe.config import IGNORE_INDEX, FFNConfig, preset
+from longmoe.config import IGNORE_INDEX, FFNConfig
 from longmoe.data.packing import Window, collate
 from longmoe.distributed.checkpoint import full_model_state, load_full, load_sharded, save_sharded
 from longmoe.distributed.parallel_dims import ParallelDims, rank, world_size
 from longmoe.distributed.parallelize import parallelize
 from longmoe.distributed.reduce import all_reduce_sum, clip_grad_norm_, sync_balance_stats
 from longmoe.model import LongMoE
-from longmoe.train.pretrain import param_groups
+from longmoe.presets import preset
+from longmoe.train.optim import param_groups
 from tests.helpers.launch import run_ranks
 
 STEPS, WINDOWS, WINDOW = 5, 4, 32

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 
+from longmoe.accounting import param_counts
 from longmoe.cli import main
-from longmoe.config import preset
 from longmoe.distributed.parallel_dims import ParallelDims
 from longmoe.distributed.plan import memory_per_device, plan
-from longmoe.inspect import cache_accounting, param_counts
+from longmoe.memory import cache_accounting
+from longmoe.presets import preset
 
 FLAGSHIP = preset("flagship")
 COUNTS, CACHE = param_counts(FLAGSHIP), cache_accounting(FLAGSHIP)

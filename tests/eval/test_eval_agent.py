@@ -16,7 +16,6 @@ import torch
 
 from longmoe.agent.rollout import Trajectory, TurnRecord
 from longmoe.cli import main
-from longmoe.config import preset
 from longmoe.data.chat import AssistantTurn, ToolCall
 from longmoe.envs import HELD_OUT_SEED_BASE, make_env
 from longmoe.eval.agent.harness import (
@@ -30,6 +29,7 @@ from longmoe.eval.agent.local import episode_result
 from longmoe.eval.agent.policies import AgentReply, ContextOverflow, EndpointAgent, turn_from_message
 from longmoe.eval.plots import plot_run
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.serve.api import create_app, serve_in_thread
 from longmoe.serve.engine import Engine
 from tests.helpers.tokenizer import tokenizer_for_tests

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from longmoe.cli import main
-from longmoe.config import preset
 from longmoe.eval.clients import LocalClient
 from longmoe.eval.ppl import position_losses, ppl_by_position
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.tasks import generate
 from tests.helpers.tokenizer import tokenizer_for_tests
 

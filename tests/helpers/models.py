@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from longmoe.config import ModelConfig, VisionConfig, preset
+from longmoe.config import ModelConfig, VisionConfig
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 
 VOCAB = 512  # >= what tokenizer_for_tests(512) needs
 MAX_CONTEXT = 1024

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from longmoe.config import FFNConfig, ModelConfig, preset
+from longmoe.config import FFNConfig, ModelConfig
 from longmoe.data.stages import CurriculumStage
+from longmoe.presets import preset
 from longmoe.train.config import TrainConfig
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from longmoe.cli import main
-from longmoe.config import preset
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from tests.helpers.kimi import VOCAB, hf_model, save_hf
 
 pytest.importorskip("transformers")

@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from longmoe.cli import main
-from longmoe.config import preset
-from longmoe.data.tokenizer import tokenizer_for_tests
 from longmoe.interop.kimi_config import config_from_hf
 from longmoe.interop.kimi_linear import to_hf
 from longmoe.model import LongMoE
+from longmoe.presets import preset
+from tests.helpers.tokenizer import tokenizer_for_tests
 
 gguf = pytest.importorskip("gguf")
 from longmoe.interop.gguf_export import GGUF_ARCH, to_gguf  # noqa: E402

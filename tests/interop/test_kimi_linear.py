@@ -13,13 +13,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from longmoe.accounting import param_counts
 from longmoe.checkpoint import load_model
-from longmoe.config import ModelConfig, preset
-from longmoe.inspect import param_counts
+from longmoe.config import ModelConfig
 from longmoe.interop.kimi_config import ConversionError, config_from_hf, config_to_hf, hf_layer_types
 from longmoe.interop.kimi_linear import RECORD_FILE, from_hf, to_hf
 from longmoe.layers.mla import DECODE_PATHS
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 from tests.helpers.kimi import PROMPT_LENGTHS, VOCAB, hf_config, hf_model, save_hf

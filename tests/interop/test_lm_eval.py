@@ -17,9 +17,9 @@ import httpx
 import pytest
 import torch
 
-from longmoe.config import preset
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.model import LongMoE
+from longmoe.presets import preset
 from tests.helpers.models import nudge_off_init
 from tests.helpers.tokenizer import tokenizer_for_tests
 

@@ -67,10 +67,10 @@ def test_evaluate_stage_scores_like_longmoe_eval_and_is_cached(tmp_path):
     in the summary's shape, episodes written, and a second call reads ``evals.json`` instead of playing."""
     import torch
 
-    from longmoe.config import preset
     from longmoe.eval.agent.harness import EPISODES_FILE
     from longmoe.model import LongMoE
     from longmoe.pipelines.agent.run import EVALS, evaluate
+    from longmoe.presets import preset
     from tests.helpers.tokenizer import tokenizer_for_tests
 
     torch.manual_seed(0)

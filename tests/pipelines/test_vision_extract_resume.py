@@ -11,7 +11,7 @@ import torch
 from longmoe.pipelines.vision_extract.config import quick
 from longmoe.pipelines.vision_extract.data import char_tokenizer
 from longmoe.pipelines.vision_extract.train import CKPT, build_model, train_extractor
-from longmoe.train.pretrain import param_groups
+from longmoe.train.optim import param_groups
 
 RAN: list[str] = []
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from longmoe.agent.rollout import Trajectory, TurnRecord
 from longmoe.checkpoint import METRICS, list_checkpoints
 from longmoe.model import WEIGHTS_FILE
-from longmoe.rl.config import RLConfig
+from longmoe.rl.config import RLConfig, rl_engine_config
 from longmoe.rl.trainer import RLTrainer, token_tensors
 from tests.helpers.agent import FakeEnv
 from tests.helpers.models import VOCAB, tiny_model
@@ -68,9 +68,11 @@ def test_resume_equals_uninterrupted(init_dir, tmp_path):
     # one episode in the engine at a time: the batch composition (and so the last bits of the rollout
     # logprobs) is then the same in both runs, and the weights can be compared exactly
     a = tmp_path / "a"
-    RLTrainer(a, config(init_dir, max_batch=1), env_factory=fake).fit()
+    RLTrainer(a, config(init_dir, engine=rl_engine_config(max_batch=1)), env_factory=fake).fit()
     b = tmp_path / "b"
-    RLTrainer(b, config(init_dir, max_batch=1), max_steps=2, env_factory=fake).fit()  # checkpoint at 2
+    RLTrainer(
+        b, config(init_dir, engine=rl_engine_config(max_batch=1)), max_steps=2, env_factory=fake
+    ).fit()  # checkpoint at 2
     assert [p.name for p in list_checkpoints(b)][-1] == "step-00000002"
     with open(b / METRICS, "a") as f:
         f.write(json.dumps({"step": 3, "stale": True}) + "\n")  # a line the crashed run wrote after

@@ -13,7 +13,8 @@ import subprocess
 import httpx
 import openai
 import pytest
-from serveutil import served, wait_idle
+
+from tests.helpers.server import served, wait_idle
 
 BS = 16  # prefix block size: the test prompts span several blocks
 REUSE_KEYS = (

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from longmoe import checkpoint as ckpt
-from longmoe.train.plots import read_metrics
+from longmoe.runlog import read_metrics
 from longmoe.train.pretrain import Trainer
 from tests.helpers.train import small_model_config, small_train_config
 

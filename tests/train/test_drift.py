@@ -17,7 +17,8 @@ from longmoe.train.drift import (
     routing_choices,
     routing_drift,
 )
-from longmoe.train.pretrain import Trainer, param_groups
+from longmoe.train.optim import param_groups
+from longmoe.train.pretrain import Trainer
 from tests.helpers.train import small_model_config, small_train_config
 
 E = 4

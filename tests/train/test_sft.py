@@ -14,8 +14,8 @@ from longmoe.config import IGNORE_INDEX, ConfigError
 from longmoe.data.chat import render_messages
 from longmoe.envs import HELD_OUT_SEED_BASE
 from longmoe.model import LongMoE
+from longmoe.runlog import read_metrics
 from longmoe.train.config import TrainConfig
-from longmoe.train.plots import read_metrics
 from longmoe.train.sft import SFTConfig, SFTData, SFTTrainer, chat_window, sft_stage
 from tests.helpers.train import small_model_config
 

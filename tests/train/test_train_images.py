@@ -14,8 +14,8 @@ from PIL import Image, ImageDraw
 from longmoe.config import VisionConfig
 from longmoe.data.corpus import split_of
 from longmoe.data.stages import CurriculumStage
+from longmoe.runlog import read_metrics
 from longmoe.train.config import TrainConfig
-from longmoe.train.plots import read_metrics
 from longmoe.train.pretrain import Trainer
 from tests.helpers.train import small_model_config
 

@@ -10,14 +10,18 @@ import re
 import pytest
 import torch
 
+from longmoe.accounting import param_counts
 from longmoe.checkpoint import CheckpointError
-from longmoe.config import ConfigError, preset
+from longmoe.config import ConfigError
 from longmoe.data.corpus import DataError
 from longmoe.data.stages import CurriculumStage
-from longmoe.inspect import param_counts, training_memory
+from longmoe.memory import check_memory, training_memory
+from longmoe.presets import preset
+from longmoe.runlog import read_metrics
 from longmoe.train.config import TrainConfig
-from longmoe.train.plots import read_metrics, render
-from longmoe.train.pretrain import Trainer, check_memory, config_differences, lr_at, param_groups
+from longmoe.train.optim import lr_at, param_groups
+from longmoe.train.plots import render
+from longmoe.train.pretrain import Trainer, config_differences
 from tests.helpers.train import small_train_config
 
 

@@ -22,8 +22,8 @@ from longmoe.pipelines.ablations.models import model_for
 from longmoe.pipelines.ablations.probes import DecayProbe
 from longmoe.pipelines.ablations.report import write_report
 from longmoe.pipelines.ablations.result import RunResult
+from longmoe.runlog import read_metrics_lines
 from longmoe.train.config import TrainConfig
-from longmoe.train.plots import read_metrics_lines
 from longmoe.train.pretrain import Trainer, train_tokenizer
 
 CONFIG_OUT = "ablation_config.json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from longmoe.config import JsonConfig, check_types
+from longmoe.configio import JsonConfig, check_types
 
 ABLATIONS = {  # name -> RLConfig fields changed from the main RL run
     "no_step_adv": {"step_adv_weight": 0.0},

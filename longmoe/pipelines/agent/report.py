@@ -11,7 +11,7 @@ from typing import Any
 
 from longmoe.eval.plots import success_by_horizon
 from longmoe.pipelines.agent.config import AgentRecipeConfig
-from longmoe.train.plots import read_metrics
+from longmoe.runlog import read_metrics
 
 MAIN = ("pretrained", "sft", "sft+rl")
 TARGET_GAIN = 0.10  # RL over SFT, absolute, at a horizon where SFT is in MID

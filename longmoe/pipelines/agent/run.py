@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from longmoe import checkpoint as ckpt
-from longmoe.config import preset
 from longmoe.data.stages import CurriculumStage
 from longmoe.envs import make_env
 from longmoe.eval.agent.harness import summarize
 from longmoe.eval.agent.local import run_local_eval
 from longmoe.pipelines.agent.config import ABLATIONS, AgentRecipeConfig
 from longmoe.pipelines.agent.report import write_report
+from longmoe.presets import preset
 from longmoe.rl.config import RLConfig
 from longmoe.rl.plots import render as render_rl
 from longmoe.rl.trainer import RLTrainer

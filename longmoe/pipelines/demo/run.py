@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from longmoe.checkpoint import FINAL_DIR
-from longmoe.config import IGNORE_INDEX, preset
+from longmoe.config import IGNORE_INDEX
 from longmoe.data.corpus import corpus_texts
 from longmoe.data.stages import tiny_curriculum
 from longmoe.data.tokenizer import Tokenizer
@@ -30,6 +30,7 @@ from longmoe.pipelines.demo.config import DemoConfig
 from longmoe.pipelines.demo.recall import run_recall
 from longmoe.pipelines.demo.report import render_report
 from longmoe.pipelines.demo.result import DemoResult, LengthEval, Sample, StageResult
+from longmoe.presets import preset
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 from longmoe.train.config import TrainConfig

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from longmoe.config import JsonConfig, dataclass_from_dict, load_json
+from longmoe.configio import JsonConfig, dataclass_from_dict, load_json
 from longmoe.tasks import TASKS
 from longmoe.train.mix import SYNTHETIC_LOSS, SYNTHETIC_TASKS, valid_length_range
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from longmoe.checkpoint import METRICS
-from longmoe.config import ModelConfig, preset
+from longmoe.config import ModelConfig
 from longmoe.data.stages import CurriculumStage
 from longmoe.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from longmoe.eval.clients import LocalClient
@@ -28,6 +28,7 @@ from longmoe.pipelines.longctx_tiny.checks import expected_checks
 from longmoe.pipelines.longctx_tiny.config import RecipeConfig
 from longmoe.pipelines.longctx_tiny.report import write_report
 from longmoe.pipelines.longctx_tiny.result import AnswerLoss, EvalResult, RecipeResult, TrainResult
+from longmoe.presets import preset
 from longmoe.train.config import TrainConfig
 from longmoe.train.mix import SYNTHETIC_TASKS
 from longmoe.train.pretrain import Trainer, train_tokenizer

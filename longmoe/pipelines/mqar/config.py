@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from longmoe.config import JsonConfig
+from longmoe.configio import JsonConfig
 from longmoe.pipelines.mqar.model import POSITIONS
 from longmoe.tasks.mqar import check_settings
 

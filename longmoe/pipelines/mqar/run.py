@@ -24,7 +24,8 @@ from longmoe.pipelines.mqar.report import write_report
 from longmoe.pipelines.mqar.result import RunResult, SweepResult
 from longmoe.tasks.mqar import answer_accuracy, mqar
 from longmoe.train.config import TrainConfig
-from longmoe.train.pretrain import lr_at, param_groups, seed_everything
+from longmoe.train.optim import lr_at, param_groups
+from longmoe.train.rng import seed_everything
 
 RUNS_DIR = "runs"
 CONFIG_OUT = "sweep_config.json"

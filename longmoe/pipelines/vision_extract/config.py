@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from longmoe.config import FFNConfig, JsonConfig, ModelConfig, VisionConfig
+from longmoe.config import FFNConfig, ModelConfig, VisionConfig
+from longmoe.configio import JsonConfig
 from longmoe.data.tokenizer import MIN_VOCAB
 from longmoe.tasks.documents import FAMILIES
 

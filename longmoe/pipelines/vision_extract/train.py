@@ -31,7 +31,8 @@ from longmoe.pipelines.vision_extract.data import Batch, train_batch
 from longmoe.pipelines.vision_extract.result import PretrainCheck, TrainRun
 from longmoe.tasks.documents import held_out_seeds, render
 from longmoe.train.config import TrainConfig
-from longmoe.train.pretrain import lr_at, param_groups, seed_everything
+from longmoe.train.optim import lr_at, param_groups
+from longmoe.train.rng import seed_everything
 
 CURVE_OFFSET = 50_000_000  # held-out block of the training curve (the final evaluation uses offset 0)
 GRAD_CLIP = 1.0

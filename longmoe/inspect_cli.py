@@ -1,9 +1,8 @@
 """``longmoe inspect``: parameters, sparsity and cache memory of a config, computed from the config alone.
 
-Nothing is instantiated (the flagship has trillions of parameters); every count comes from the
-layers' own ``param_count`` formulas and ``MoELayer.analytic_param_counts``, and the tests check them
-against real modules on the tiny preset. ``--quantize`` adds the quantized weight bytes, from the
-model built on the ``meta`` device (shapes only, nothing allocated).
+The numbers are ``accounting.py``'s (parameters) and ``memory.py``'s (bytes); ``--parallel`` adds
+``distributed.plan``'s per-device mapping; ``--quantize`` the quantized weight bytes, from the model
+built on the ``meta`` device (shapes only, nothing allocated).
 """
 
 from __future__ import annotations
@@ -12,127 +11,13 @@ import argparse
 import json
 from typing import Any
 
-from longmoe.config import ModelConfig, preset
+from longmoe.accounting import PARTS, param_counts, vision_accounting
+from longmoe.config import ModelConfig
 from longmoe.distributed.parallel_dims import ParallelDims
 from longmoe.distributed.plan import format_plan, plan
-from longmoe.layers.attnres import BlockAttnRes
-from longmoe.layers.kda import KDALayer
-from longmoe.layers.mla import MLALayer
-from longmoe.layers.mlp import GLUMLP
-from longmoe.layers.moe import MoELayer
-from longmoe.layers.vision import VisionEncoder
+from longmoe.memory import cache_accounting, training_memory, weight_footprint
 from longmoe.ops.quant import MODES as QUANT_MODES
-from longmoe.quantize import quantized_footprint
-
-BF16_BYTES = 2
-FP32_BYTES = 4  # KDA recurrent states are kept in fp32 in the cache
-DTYPE_BYTES = {"float32": FP32_BYTES, "bfloat16": BF16_BYTES}
-# Training holds four copies of every parameter in its dtype: weights, gradients, AdamW's two moments.
-TRAIN_COPIES = {"weights": 1, "gradients": 1, "optimizer": 2}
-CONTEXTS = {"8K": 8 * 1024, "128K": 128 * 1024, "1M": 1024 * 1024}
-PARTS = (
-    "embeddings",
-    "kda",
-    "mla",
-    "dense_ffn",
-    "routed_experts",
-    "shared_experts",
-    "router",
-    "latent_proj",
-    "norms",
-    "attn_res",
-    "vision",
-)
-# Image sizes (height, width) whose token cost ``inspect`` reports besides the largest image.
-IMAGE_SIZES = {"640x480 photo": (480, 640), "1700x2200 page": (2200, 1700), "256x256 icon": (256, 256)}
-
-
-def _moe_counts(cfg: ModelConfig, active: bool) -> dict[str, int]:
-    fn = MoELayer.active_param_counts if active else MoELayer.analytic_param_counts
-    return fn(cfg.d_model, cfg.ffn)
-
-
-def param_counts(cfg: ModelConfig, active: bool = False) -> dict[str, int]:
-    """Parameters by part; ``active=True`` counts what one token touches (``top_k`` routed experts)."""
-    d, types = cfg.d_model, cfg.layer_types
-    n_moe = sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
-    c = dict.fromkeys(PARTS, 0)
-    c["embeddings"] = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
-    c["kda"] = types.count("L") * KDALayer.param_count(cfg)
-    c["mla"] = types.count("M") * MLALayer.param_count(cfg)
-    c["dense_ffn"] = (cfg.n_layers - n_moe) * GLUMLP.param_count(d, cfg.ffn.dense_hidden)
-    if n_moe:
-        for k, v in _moe_counts(cfg, active).items():
-            c[k] += n_moe * v
-    c["norms"] = (2 * cfg.n_layers + 1) * d  # two pre-norms per layer + final (mixer-internal: in kda/mla)
-    if cfg.attn_res:
-        c["attn_res"] = BlockAttnRes.param_count(2 * cfg.n_layers + 1, d)
-    if cfg.vision is not None and not active:  # a text token never runs the vision encoder; an image
-        c["vision"] = VisionEncoder.param_count(cfg.vision, d)  # patch runs all of it (see "vision:")
-    return c
-
-
-def vision_accounting(cfg: ModelConfig) -> dict[str, Any] | None:
-    """Tokens per image (patches + the two markers) at the largest size and a few common ones, and the
-    encoder's forward FLOPs per patch (2 per multiply-add; ViT attention over the largest image)."""
-    v = cfg.vision
-    if v is None:
-        return None
-    g = v.max_grid
-    sizes = {f"max ({v.max_image_side}x{v.max_image_side})": (v.max_image_side, v.max_image_side)}
-    sizes.update(IMAGE_SIZES)
-    tokens = {}
-    for name, (h, w) in sizes.items():
-        rh, rw = v.resized_size(h, w)
-        tokens[name] = {"resized": f"{rw}x{rh}", "tokens": v.image_tokens(h, w)}
-    width = cfg.d_model if v.encoder == "linear" else v.width
-    tables = 2 * g * width  # row/column position tables: lookups, no FLOPs
-    flops = 2 * (VisionEncoder.param_count(v, cfg.d_model) - tables)  # every other weight: one multiply-add
-    if v.encoder == "vit":
-        flops += v.depth * 4 * g * g * v.width  # QKᵀ and AV against every patch of the largest image
-    return {
-        "encoder": v.encoder,
-        "patch_size": v.patch_size,
-        "max_image_side": v.max_image_side,
-        "max_patches": g * g,
-        "image_tokens": tokens,
-        "encoder_flops_per_patch": flops,
-    }
-
-
-def cache_accounting(cfg: ModelConfig) -> dict[str, Any]:
-    """Cache bytes: MLA cache rows (bf16: the latent and the shared key part, ``d_c + d_r``) per token, KDA
-    states (fp32) + conv tails (bf16) per sequence."""
-    types = cfg.layer_types
-    n_l, n_m = types.count("L"), types.count("M")
-    hk = cfg.kda_heads * cfg.kda_head_dim
-    kda_state = n_l * (hk * cfg.kda_head_dim * FP32_BYTES + (cfg.kda_conv_size - 1) * 3 * hk * BF16_BYTES)
-    latent = n_m * (cfg.mla_kv_lora_rank + cfg.mla_shared_key_dim) * BF16_BYTES
-    mha = 2 * cfg.n_layers * cfg.d_model * BF16_BYTES  # K and V of every layer, heads × head_dim = d
-    ctx = {
-        name: {
-            "hybrid_bytes": kda_state + n * latent,
-            "full_mha_bytes": n * mha,
-            "ratio": (n * mha) / (kda_state + n * latent),
-        }
-        for name, n in CONTEXTS.items()
-    }
-    return {
-        "mla_latent_bytes_per_token": latent,
-        "kda_state_bytes_per_sequence": kda_state,
-        "full_mha_kv_bytes_per_token": mha,
-        "mla_shared_key_bytes_per_token": n_m * cfg.mla_shared_key_dim * BF16_BYTES,  # included above
-        "contexts": ctx,
-    }
-
-
-def training_memory(cfg: ModelConfig) -> dict[str, int]:
-    """Bytes that training needs before the first batch: weights, gradients and AdamW moments
-    (activations come on top, so this is a lower bound)."""
-    per_copy = sum(param_counts(cfg).values()) * DTYPE_BYTES[cfg.dtype]
-    out = {name: n * per_copy for name, n in TRAIN_COPIES.items()}
-    out["total"] = sum(out.values())
-    return out
+from longmoe.presets import preset
 
 
 def report(cfg: ModelConfig) -> dict[str, Any]:
@@ -271,12 +156,6 @@ def run(args: argparse.Namespace) -> int:
         text += "\n" + format_weights(r["weights"], args.quantize)
     print(json.dumps({"name": name, **r}, indent=2) if args.json else text)
     return 0
-
-
-def weight_footprint(cfg: ModelConfig, mode: str) -> dict[str, Any]:
-    """Weight bytes in the config's dtype and after ``quantize_model(mode)`` (longmoe/quantize.py)."""
-    full, q = quantized_footprint(cfg, None), quantized_footprint(cfg, mode)
-    return {"dtype": cfg.dtype, "bytes": full["total"], mode: q, "ratio": q["total"] / full["total"]}
 
 
 def format_weights(w: dict[str, Any], mode: str) -> str:
