@@ -30,7 +30,7 @@ def test_config_is_validated():
     with pytest.raises(TaskError, match="too many for vocab_size=64"):
         SweepConfig(train_len=256, vocab_size=64, pairs=[32])
     with pytest.raises(ValueError, match="seeds"):
-        SweepConfig(seeds=[1 << 20])  # its training rows would reach the validation seeds
+        SweepConfig(seeds=[5000])  # its training rows would reach the validation seeds
     rc = SweepConfig(patterns=["L", "M"], d_models=[64], pairs=[4, 8], lrs=[1e-3, 1e-2], positions=["none"])
     cells = rc.cells()
     assert len(cells) == 8 and cells[0].n_pairs == 4 and cells[-1].n_pairs == 8

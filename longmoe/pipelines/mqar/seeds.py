@@ -6,16 +6,22 @@ validation rows (early stopping and the choice of learning rate) use ``VALIDATIO
 seq_len``; the test rows (every reported accuracy) use ``TEST_SEED_BASE + seq_len``. The three ranges
 are pairwise disjoint, so the reported number is measured on rows no selection step saw
 (``tests/test_seed_ranges.py`` checks it against these functions).
+
+All three stay below ``SEED_LIMIT = 2**32``: torch's CPU generator keeps only the low 32 bits of a
+seed, so ``1 << 40`` draws what ``0`` draws. (The committed pre-protocol sweep scored on rows seeded
+``(1 << 40) + seq_len``: its 64-token held-out rows had the key draws of training step 64 of every
+seed-0 cell.)
 """
 
 from __future__ import annotations
 
+SEED_LIMIT = 1 << 32  # torch.Generator.manual_seed keeps the low 32 bits on CPU
 STEP_STRIDE = 1_000_003  # a cell seed's training steps: [seed * STEP_STRIDE, seed * STEP_STRIDE + steps)
 MAX_STEPS = STEP_STRIDE  # more steps would run into the next cell seed's rows
-MAX_CELL_SEED = 1 << 20  # keeps every training seed below VALIDATION_SEED_BASE
-VALIDATION_SEED_BASE = 1 << 40  # the rows the committed (pre-protocol) sweep was scored on
-TEST_SEED_BASE = 1 << 41
-MAX_SEQ_LEN = 1 << 40  # validation seeds stay below TEST_SEED_BASE
+VALIDATION_SEED_BASE = 1 << 31
+MAX_CELL_SEED = VALIDATION_SEED_BASE // STEP_STRIDE - 1  # 2,146: every training seed < VALIDATION_SEED_BASE
+MAX_SEQ_LEN = 1 << 30  # validation seeds stay below TEST_SEED_BASE, test seeds below SEED_LIMIT
+TEST_SEED_BASE = VALIDATION_SEED_BASE + MAX_SEQ_LEN
 
 
 def train_seed(cell_seed: int, step: int) -> int:
