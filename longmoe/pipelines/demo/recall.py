@@ -44,7 +44,7 @@ def run_recall(cfg: DemoConfig) -> RecallResult:
         steps=r.steps,
         train_seconds=r.train_seconds,
         solved=r.solved,
-        chance=1 / (VOCAB - VOCAB // 2),  # a guess among the values
+        chance=chance(cell.n_pairs),  # a guess among the row's P in-context values, 1/P
         answers=answers(rc, cell.n_pairs),
         accuracy=r.accuracy,
     )
