@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from longmoe.pipelines.demo.config import DemoConfig
 from longmoe.pipelines.demo.result import RecallResult
-from longmoe.pipelines.mqar.checks import answers
+from longmoe.pipelines.mqar.checks import answers, chance
 from longmoe.pipelines.mqar.config import Cell, SweepConfig
 from longmoe.pipelines.mqar.run import run_cell
 
