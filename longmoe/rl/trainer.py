@@ -38,7 +38,8 @@ import torch
 from longmoe import checkpoint as ckpt
 from longmoe.agent.rollout import RolloutConfig, Trajectory, collect
 from longmoe.data.tokenizer import TOKENIZER_FILE
-from longmoe.envs import HELD_OUT_SEED_BASE, Env, make_env
+from longmoe.envs import Env, make_env
+from longmoe.envs.seeds import train_task_seed
 from longmoe.model import LongMoE
 from longmoe.rl.advantage import turn_advantages
 from longmoe.rl.config import REFERENCE_DIR, RL_CONFIG, RLConfig
@@ -58,7 +59,7 @@ NO_SIGNAL_KL = 1e-6  # mean k3 below which a minibatch without advantages has no
 def task_seeds(seed: int, step: int, n: int) -> list[int]:
     """The training task seeds of one step (below ``HELD_OUT_SEED_BASE``: never an evaluation task)."""
     rng = random.Random(f"longmoe-rl:{seed}:{step}")
-    return [rng.randrange(HELD_OUT_SEED_BASE) for _ in range(n)]
+    return [train_task_seed(rng) for _ in range(n)]
 
 
 def token_tensors(

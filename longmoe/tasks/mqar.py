@@ -50,6 +50,12 @@ def query_slots(seq_len: int, n_pairs: int) -> int:
     return max(0, (seq_len - 2 * n_pairs) // 2)
 
 
+def max_distance(seq_len: int, n_pairs: int) -> int:
+    """The longest key-to-query distance a row of ``seq_len`` tokens can hold: the first pair asked in
+    the last query slot (``MQARBatch.distance`` never exceeds it)."""
+    return 2 * n_pairs + 2 * (query_slots(seq_len, n_pairs) - 1)
+
+
 def check_settings(vocab_size: int, seq_len: int, n_pairs: int, n_queries: int, alpha: float) -> None:
     """A ``TaskError`` naming the setting that makes the task impossible."""
     for name, v in (("vocab_size", vocab_size), ("seq_len", seq_len), ("n_pairs", n_pairs)):

@@ -38,6 +38,7 @@ from longmoe.data.stages import CurriculumStage
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.distributed.parallel_dims import is_rank0
 from longmoe.envs import ENVS, HELD_OUT_SEED_BASE, Env, Episode, env_config, make_env, play
+from longmoe.envs.seeds import train_task_seed
 from longmoe.errors import UserError
 from longmoe.model import LongMoE
 from longmoe.train.config import TrainConfig
@@ -134,7 +135,7 @@ class SFTData(Curriculum):
         names = sorted(self.sft.envs)
         name = rng.choices(names, weights=[self.sft.envs[n] for n in names])[0]
         horizon = rng.choice(self.sft.horizons)
-        seed = HELD_OUT_SEED_BASE + index if held_out else rng.randrange(HELD_OUT_SEED_BASE)
+        seed = HELD_OUT_SEED_BASE + index if held_out else train_task_seed(rng)
         return play(self.env(name, horizon), seed)
 
     def next_batch(self) -> dict[str, Any]:

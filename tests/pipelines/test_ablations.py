@@ -47,7 +47,7 @@ def test_quick_mode_trains_every_arm_and_writes_the_report(quick_run):
     assert "confirmed" in md
     checks = json.loads((out / RESULTS_JSON).read_text())["checks"]
     assert {c["study"] for c in checks} == set(STUDIES)
-    assert all(c["verdict"] in ("confirmed", "not confirmed") for c in checks)
+    assert all(c["verdict"] in ("confirmed", "not confirmed", "not measured at enough seeds") for c in checks)
     for study in STUDIES:
         assert (out / "figures" / f"{study}.png").is_file()
 
@@ -156,3 +156,11 @@ def test_arms_filter_splits_a_study():
     assert [k.arm for k in run_keys(cfg)] == ["plain-deep"] * cfg.attnres_seeds
     with pytest.raises(ValueError, match="arms"):
         AblationConfig(studies=("decay",), arms=("quantile",))
+
+
+def test_balancer_loss_cost_needs_five_paired_seeds():
+    from longmoe.pipelines.ablations.report import BALANCE_MIN_SEEDS
+    from longmoe.pipelines.ablations.result import Check
+
+    assert AblationConfig().balance_seeds >= BALANCE_MIN_SEEDS == 5
+    assert Check("balance", "x", True, "", enough_seeds=False).verdict == "not measured at enough seeds"

@@ -91,3 +91,44 @@ def test_evaluate_stage_scores_like_longmoe_eval_and_is_cached(tmp_path):
     assert (tmp_path / "evals" / "pretrained" / EPISODES_FILE).is_file()
     assert json.loads((tmp_path / EVALS).read_text())["pretrained"] == rows
     assert evaluate(cfg, tmp_path, "pretrained", tmp_path / "missing", episodes=3) == rows  # cached
+
+
+def test_report_pairs_rl_and_sft_by_test_task_and_says_ablations_cannot_be_ranked(tmp_path):
+    from longmoe.eval.agent.harness import EPISODES_FILE
+
+    cfg = AgentRecipeConfig(run_dir=str(tmp_path), eval_horizons=[1, 2, 3], ablations=["no_kl"], rl_seeds=2)
+    succ = {"sft": [0, 0, 1, 1], "sft+rl": [1, 0, 1, 1], "sft+rl#s1": [1, 1, 1, 0]}  # per task 0..3
+    for name, ss in succ.items():
+        d = tmp_path / "evals" / name
+        d.mkdir(parents=True)
+        eps = [
+            {"env": "calculator", "horizon": 2, "seed": 10**9 + i, "success": bool(s)}
+            for i, s in enumerate(ss)
+        ]
+        d.joinpath(EPISODES_FILE).write_text("".join(json.dumps(e) + "\n" for e in eps))
+    evals = {m: rows([0.5, 0.6, 0.7]) for m in ("sft", "sft+rl", "sft+rl#s1", "sft+rl:no_kl")}
+    p = write_report(cfg, tmp_path, evals)["paired_rl_minus_sft"]
+    d = [1.0, 0.5, 0.0, -0.5]  # per task: mean over the two RL seeds minus SFT
+    sd = math.sqrt(sum((x - 0.25) ** 2 for x in d) / 3)
+    assert p["tasks"] == 4 and p["rl_seeds"] == 2 and p["diff"] == pytest.approx(0.25)
+    assert p["se"] == pytest.approx(sd / 2)
+    md = (tmp_path / "report.md").read_text()
+    assert "+25.0 ±" in md and "cannot be ranked" in md
+
+
+def test_rl_lr_is_chosen_on_validation_seeds(tmp_path, monkeypatch):
+    from longmoe.envs.seeds import VALIDATION_SEEDS
+    from longmoe.pipelines.agent import run as agent_run
+
+    cfg = AgentRecipeConfig(run_dir=str(tmp_path), rl_lrs=[1e-5, 1e-4])
+    seen = []
+    monkeypatch.setattr(agent_run, "rl", lambda c, r, t, name, ch: tmp_path / name)
+
+    def fake_eval(c, r, name, path, episodes, validation=False):
+        seen.append(validation)
+        return [{"episodes": 10, "success": 0.8 if "lr0.0001" in str(path) else 0.3}]
+
+    monkeypatch.setattr(agent_run, "evaluate", fake_eval)
+    assert agent_run.choose_rl_lr(cfg, tmp_path, tmp_path / "sft") == 1e-4 and seen == [True, True]
+    assert json.loads((tmp_path / "rl_lr.json").read_text())["lr"] == 1e-4
+    assert agent_run.validation_offset(cfg.seed) + 1_000_000_000 in VALIDATION_SEEDS

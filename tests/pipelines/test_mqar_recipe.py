@@ -14,9 +14,10 @@ from longmoe.pipelines.mqar.__main__ import main
 from longmoe.pipelines.mqar.checks import expected_checks
 from longmoe.pipelines.mqar.config import Cell, SweepConfig
 from longmoe.pipelines.mqar.model import ShortConv, build, model_config
-from longmoe.pipelines.mqar.report import render_report
-from longmoe.pipelines.mqar.result import RunResult, SweepResult
+from longmoe.pipelines.mqar.report import distances, render_report
+from longmoe.pipelines.mqar.result import PROTOCOL, RunResult, SweepResult
 from longmoe.tasks.base import TaskError
+from longmoe.tasks.mqar import max_distance
 
 
 def test_config_is_validated():
@@ -28,6 +29,8 @@ def test_config_is_validated():
         SweepConfig(train_len=64, vocab_size=256, pairs=[32])
     with pytest.raises(TaskError, match="too many for vocab_size=64"):
         SweepConfig(train_len=256, vocab_size=64, pairs=[32])
+    with pytest.raises(ValueError, match="seeds"):
+        SweepConfig(seeds=[5000])  # its training rows would reach the validation seeds
     rc = SweepConfig(patterns=["L", "M"], d_models=[64], pairs=[4, 8], lrs=[1e-3, 1e-2], positions=["none"])
     cells = rc.cells()
     assert len(cells) == 8 and cells[0].n_pairs == 4 and cells[-1].n_pairs == 8
@@ -72,12 +75,19 @@ def test_short_conv_control_is_causal_and_leaves_the_model_alone():
 
 
 def _run(
-    pattern: str, pairs: int, acc: float, lr: float = 1e-3, position: str = "none", long_acc=None
+    pattern: str,
+    pairs: int,
+    acc: float,
+    lr: float = 1e-3,
+    position: str = "none",
+    long_acc=None,
+    val=None,
+    seed: int = 0,
 ) -> RunResult:
-    la = acc if long_acc is None else long_acc
+    la, v = acc if long_acc is None else long_acc, acc if val is None else val
     return RunResult(
-        Cell(pattern, 64, pairs, position, lr, 0), 1000, 0, 100, acc >= 0.99, 1.0, [(100, 0.1, acc)],
-        {"128": acc, "512": la, "2048": la},
+        Cell(pattern, 64, pairs, position, lr, seed), 1000, 0, 100, v >= 0.99, 1.0, [(100, 0.1, v)],
+        {"128": acc, "512": la, "2048": la}, {"128": v}, PROTOCOL,
     )  # fmt: skip
 
 
@@ -89,7 +99,7 @@ def test_best_lr_is_kept_and_checks_read_the_numbers():
         _run("L", 4, 1.0), _run("L", 32, 0.3), _run("LM", 4, 1.0), _run("LM", 32, 0.995, long_acc=0.5),
     ]  # fmt: skip
     best = mqar_run.best_runs(runs, 128)
-    assert len(best) == 8 and [r.cell.lr for r in best if r.cell.group == ("M", 64, 4, "none", 0)] == [3e-3]
+    assert len(best) == 8 and [r.cell.lr for r in best if r.cell.setting == ("M", 64, 4, "none")] == [3e-3]
     verdicts = {c.claim.split(" (")[0].split(" reaches")[0]: c.verdict for c in expected_checks(rc, best)}
     assert verdicts["pure MLA"] == "not confirmed"
     assert verdicts["pure KDA"] == "confirmed"
@@ -100,8 +110,50 @@ def test_best_lr_is_kept_and_checks_read_the_numbers():
     assert verdicts["LM keeps its recall at 4x the training length"] == "not confirmed"
     assert verdicts["M+conv keeps its recall at 4x the training length"] == "confirmed"
     md = render_report(rc, SweepResult(runs, best, expected_checks(rc, best), runs[0]))
-    assert "| M+conv | 64 | 32 | 0 | 0.001 | 100 | 0 | 1.000 ± 0.000 |" in md
-    assert "| LM | 64 | 32 | 0 | 0.001 | 100 | 0 | 0.995 ± 0.001 | 0.500 ± 0.008 |" in md
+    assert "| M+conv | 64 | 32 | 0 | 0.001 | 100 | 0 | 0.031 | 1.000 ± 0.000 [0.500] |" in md, "1/P, M"
+    assert (
+        "| LM | 64 | 32 | 0 | 0.001 | 100 | 0 | 0.031 | 0.995 ± 0.001 [0.500] | 0.500 ± 0.008 [0.500] |" in md
+    )
+    assert "predate" not in md
+
+
+def test_lr_is_chosen_on_validation_rows_over_seeds_never_on_test_rows():
+    runs = [  # lr 1e-3: better on test, worse on validation; lr 1e-2: the reverse
+        _run("L", 4, 1.0, lr=1e-3, val=0.8, seed=0), _run("L", 4, 1.0, lr=1e-3, val=0.9, seed=1),
+        _run("L", 4, 0.5, lr=1e-2, val=0.95, seed=0), _run("L", 4, 0.6, lr=1e-2, val=0.85, seed=1),
+    ]  # fmt: skip
+    best = mqar_run.best_runs(runs, 128)
+    assert sorted((r.cell.lr, r.cell.seed) for r in best) == [(1e-2, 0), (1e-2, 1)], "mean val 0.9 > 0.85"
+
+
+def test_unsolved_cells_count_in_the_extrapolation_verdict():
+    rc = SweepConfig(patterns=["L"], pairs=[4, 32], train_len=128, vocab_size=256, positions=["none"])
+    best = [_run("L", 4, 1.0), _run("L", 32, 0.6, long_acc=0.1)]  # unsolved, and falls with length
+    (c,) = [c for c in expected_checks(rc, best) if c.claim.startswith("L keeps its recall at 4x")]
+    assert c.verdict == "not confirmed" and "1 of 2 cells below 0.99" in c.evidence
+
+
+def test_legacy_runs_are_flagged_in_the_report_and_retrained(tmp_path, monkeypatch):
+    rc = SweepConfig(patterns=["L"], pairs=[4], train_len=128, vocab_size=256, positions=["none"])
+    old = RunResult.from_dict({k: v for k, v in _run("L", 4, 1.0).to_dict().items()
+                               if k not in ("val_accuracy", "protocol")})  # fmt: skip
+    assert old.legacy and old.val_acc(128) == old.acc(128) == 1.0
+    md = render_report(rc, SweepResult([old], [old], expected_checks(rc, [old]), None, distances(rc)))
+    assert "1 of 1 runs predate the test-row protocol" in md
+    f = tmp_path / "runs" / f"{old.cell.key}.json"
+    f.parent.mkdir()
+    f.write_text(json.dumps(old.to_dict()))
+    new = _run("L", 4, 0.9)
+    monkeypatch.setattr(mqar_run, "train_cell", lambda c, r, log=False: new)
+    assert mqar_run.run_cell(old.cell, rc, tmp_path) == new, "a legacy stored run is retrained"
+
+
+def test_distance_table_counts_queries_beyond_the_training_distances():
+    rc = SweepConfig(patterns=["L"], pairs=[4], train_len=64, vocab_size=64, positions=["none"], eval_n=64)
+    rows = distances(rc)
+    assert [r["length"] for r in rows] == [64, 256, 1024]
+    assert rows[0]["beyond_train"] == 0.0 and rows[0]["max"] <= rows[0]["train_max"] == max_distance(64, 4)
+    assert 0 < rows[1]["beyond_train"] < rows[2]["beyond_train"] < 1, "longer rows put more queries further"
 
 
 def test_run_cell_resumes_from_its_json(tmp_path, monkeypatch):
@@ -121,6 +173,8 @@ def test_quick_sweep_end_to_end_and_rerun_skips(tmp_path, capsys):
     assert runs == ["LM-d32-p2-none-lr0.003-s0.json", "M-d32-p2-none-lr0.003-s0.json"]
     res = json.loads((tmp_path / "results.json").read_text())
     assert set(res["best"][0]["accuracy"]) == {"32", "128"} and res["sanity"]["steps"] == 30
+    assert res["best"][0]["protocol"] == PROTOCOL and set(res["best"][0]["val_accuracy"]) == {"32"}
+    assert [d["length"] for d in res["distances"]] == [32, 128]
     assert (tmp_path / "plots/acc_vs_pairs.png").is_file() and (
         tmp_path / "plots/acc_vs_length.png"
     ).is_file()

@@ -86,7 +86,10 @@ class Check:
     expectation: str
     confirmed: bool
     evidence: str
+    enough_seeds: bool = True  # False: too few seeds for a verdict either way
 
     @property
     def verdict(self) -> str:
+        if not self.enough_seeds:
+            return "not measured at enough seeds"
         return "confirmed" if self.confirmed else "not confirmed"

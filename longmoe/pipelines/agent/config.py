@@ -40,6 +40,12 @@ class AgentRecipeConfig(JsonConfig):
         }
     )  # fmt: skip
     ablations: list[str] = field(default_factory=lambda: list(ABLATIONS))  # each a full RL run
+    # RL protocol: the lr is chosen on the validation block of task seeds (envs.seeds: never a test
+    # task), from one run per candidate at the first seed; then rl_seeds runs at the chosen lr
+    rl_lrs: list[float] = field(default_factory=lambda: [2e-5, 5e-5, 1.25e-4])
+    rl_seeds: int = 3
+    val_episodes: int = 40  # per horizon, on validation task seeds (only when rl_lrs has several)
+    ablation_seeds: int = 1  # RL seeds per ablation; with fewer than 2 the report says they cannot be ranked
     # 4. held-out evaluation
     eval_horizons: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6])
     eval_episodes: int = 120  # per horizon (x5 horizons = 600 per model)
@@ -51,11 +57,17 @@ class AgentRecipeConfig(JsonConfig):
         bad = sorted(set(self.ablations) - set(ABLATIONS))
         if bad:
             raise ValueError(f"ablations: unknown {bad}; expected some of {sorted(ABLATIONS)}")
+        if not self.rl_lrs or any(not lr > 0 for lr in self.rl_lrs):
+            raise ValueError(f"rl_lrs={self.rl_lrs} is invalid: expected learning rates > 0")
+        for name in ("rl_seeds", "val_episodes", "ablation_seeds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid: expected a positive integer")
 
     @classmethod
     def quick(cls, run_dir: str = "runs/agent-quick") -> AgentRecipeConfig:
         rl = {**cls().rl, "steps": 2, "tasks_per_step": 2, "group_size": 4, "ckpt_every": 1}
         return cls(
             run_dir=run_dir, pretrain_tokens=8_000, sft_steps=4, sft_batch=2, rl=rl,
-            eval_horizons=[1, 2], eval_episodes=4, ablation_eval_episodes=2,
+            eval_horizons=[1, 2], eval_episodes=4, ablation_eval_episodes=2, rl_lrs=[5e-5], rl_seeds=1,
+            val_episodes=2,
         )  # fmt: skip

@@ -1,6 +1,8 @@
 """The agent recipe's report: success by horizon (with standard errors), the RL gain over SFT at the
-horizons where SFT is neither near 0 nor near 1, the ablation rows (with KL and routing drift from
-their RL logs), ``success.png``; written to ``RUN/report.md`` and ``RUN/report.json``."""
+horizons where SFT is neither near 0 nor near 1, the paired difference RL − SFT over the same test
+tasks (per task: the mean over RL seeds minus SFT; its standard error over tasks), the ablation rows
+(with KL and routing drift from their RL logs, and whether their seeds allow ranking them),
+``success.png``; written to ``RUN/report.md`` and ``RUN/report.json``."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from longmoe.eval.agent.harness import EPISODES_FILE
 from longmoe.eval.plots import success_by_horizon
 from longmoe.pipelines.agent.config import AgentRecipeConfig
 from longmoe.runlog import read_metrics
@@ -16,6 +19,7 @@ from longmoe.runlog import read_metrics
 MAIN = ("pretrained", "sft", "sft+rl")
 TARGET_GAIN = 0.10  # RL over SFT, absolute, at a horizon where SFT is in MID
 MID = (0.1, 0.9)
+RL_LR = "rl_lr.json"  # RUN/rl_lr.json: the chosen RL lr and each candidate's validation success
 SUMMARY_STEPS = 10  # RL steps averaged for the "first" and "last" columns of the ablation table
 
 
@@ -48,6 +52,43 @@ def rl_summary(run: Path, window: int = SUMMARY_STEPS) -> dict[str, Any]:
         "drift_changed_last": mean(tail, "drift_changed_mean"),
         "drift_load_tv_last": mean(tail, "drift_load_tv_mean"),
     }
+
+
+def episode_success(root: Path, name: str) -> dict[tuple[str, int, int], float]:
+    """Per test task ``(env, horizon, seed)``, the success of model ``name`` (its episodes file)."""
+    f = root / "evals" / name / EPISODES_FILE
+    if not f.is_file():
+        return {}
+    rs = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return {(r["env"], r["horizon"], r["seed"]): float(r["success"]) for r in rs}
+
+
+def paired_difference(sft: dict, rls: list[dict]) -> dict[str, float] | None:
+    """RL − SFT paired by test task: per task the mean success over the RL seeds minus SFT's, then the
+    mean over tasks and its standard error (``sd / sqrt(n)``); ``None`` without shared tasks."""
+    tasks = [t for t in sft if all(t in r for r in rls)] if rls else []
+    if not tasks:
+        return None
+    d = [sum(r[t] for r in rls) / len(rls) - sft[t] for t in tasks]
+    mu = sum(d) / len(d)
+    sd = math.sqrt(sum((x - mu) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else math.nan
+    return {"diff": mu, "se": sd / math.sqrt(len(d)), "tasks": len(d), "rl_seeds": len(rls)}
+
+
+def rl_runs(cfg: AgentRecipeConfig, root: Path) -> dict[str, Path]:
+    """Model name -> its RL run directory (the chosen lr from ``RUN/rl_lr.json``; the pre-protocol
+    layout ``RUN/rl``, ``RUN/rl_<ablation>`` where that is what the run holds)."""
+    if (root / "rl").is_dir():
+        return {"sft+rl": root / "rl", **{f"sft+rl:{a}": root / f"rl_{a}" for a in cfg.ablations}}
+    f = root / RL_LR
+    lr = json.loads(f.read_text())["lr"] if f.is_file() else cfg.rl_lrs[0]
+    out = {}
+    for s in range(cfg.rl_seeds):
+        out["sft+rl" + (f"#s{s}" if s else "")] = root / f"rl_lr{lr:g}_s{s}"
+    for a in cfg.ablations:
+        for s in range(cfg.ablation_seeds):
+            out[f"sft+rl:{a}" + (f"#s{s}" if s else "")] = root / f"rl_{a}_lr{lr:g}_s{s}"
+    return out
 
 
 def plot_success(evals: dict[str, list[dict]], out: Path) -> Path:
@@ -98,7 +139,21 @@ def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]
         lines.append(f"| {g['horizon']} | {100 * g['sft']:.1f} | {100 * g['rl']:.1f} | "
                      f"{100 * g['gain']:+.1f} ± {100 * g['stderr']:.1f} |")  # fmt: skip
     lines += ["", f"Target met: **{'yes' if met else 'no'}**.", ""]
-    runs = {"sft+rl": root / "rl", **{f"sft+rl:{a}": root / f"rl_{a}" for a in cfg.ablations}}
+    rl_names = [m for m in evals if m == "sft+rl" or m.startswith("sft+rl#")]
+    paired = paired_difference(episode_success(root, "sft"), [episode_success(root, m) for m in rl_names])
+    lines += ["## RL − SFT, paired over the same test tasks", ""]
+    if paired is None:
+        lines += ["No per-task episodes of both SFT and RL yet.", ""]
+    else:
+        lines += [
+            f"Mean over {paired['tasks']} test tasks of (success averaged over {paired['rl_seeds']} RL "
+            f"seed(s) − SFT success): **{100 * paired['diff']:+.1f} ± {100 * paired['se']:.1f} points** "
+            "(± one standard error, paired by task)."
+            + (" One RL seed: the seed-to-seed spread of RL is not in this number." if paired["rl_seeds"] < 2
+               else ""),
+            "",
+        ]  # fmt: skip
+    runs = rl_runs(cfg, root)
     summaries = {k: rl_summary(v) for k, v in runs.items()}
     lines += ["## Ablations (each a full RL run from the same SFT model, one field changed)", ""]
     w = SUMMARY_STEPS
@@ -113,10 +168,18 @@ def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]
             f"| {name} | {_pm(p, se)} ({n}) | {s['reward_first']:.3f} → {s['reward_last']:.3f} | "
             f"{s['kl_last']:.4f} | {s['drift_changed_last']:.4f} | {s['drift_load_tv_last']:.4f} |"
         )
-    lines += ["", "Curves: `rl/rl_curves.png` (reward, success, KL, drift, episode length); success vs "
+    rank = (
+        "A single RL run per arm differs from another seed of the same arm by an unmeasured amount, so "
+        "these rows cannot be ranked against each other or against the main run."
+        if cfg.ablation_seeds < 2
+        else "Compare arms by their mean over seeds; a gap inside the seed spread does not rank them."
+    )
+    lines += ["", f"Ablations: {cfg.ablation_seeds} RL seed(s) each. {rank}"]
+    lines += ["", "Curves: `rl_*/rl_curves.png` (reward, success, KL, drift, episode length); success vs "
               "horizon: `success.png`.", ""]  # fmt: skip
     plot_success(evals, root / "success.png")
-    data = {"config": cfg.to_dict(), "evals": evals, "gains": gains, "target_met": met, "rl": summaries}
+    data = {"config": cfg.to_dict(), "evals": evals, "gains": gains, "target_met": met, "rl": summaries,
+            "paired_rl_minus_sft": paired}  # fmt: skip
     (root / "report.json").write_text(json.dumps(data, indent=1) + "\n")
     (root / "report.md").write_text("\n".join(lines))
     print("\n".join(lines))

@@ -2,8 +2,10 @@
 
 1. **pretrain** a tiny model (the ``tiny`` preset) on 256-token windows of the embedded corpus;
 2. **SFT** (``train/sft.py``) on the environment's expert demonstrations, loss on assistant tokens;
-3. **RL** (``rl/trainer.py``) from the SFT model; plus one RL run per ablation (``ABLATIONS``);
-4. **evaluate** each model on held-out tasks by horizon (``eval/agent_local.py``, through the engine,
+3. **RL** (``rl/trainer.py``) from the SFT model: with several ``rl_lrs`` one run per lr at the first
+   seed, each scored on the *validation* block of task seeds (``envs.seeds``; ``RUN/val_evals.json``),
+   the best lr kept; then ``rl_seeds`` runs at that lr; plus ``ablation_seeds`` runs per ablation;
+4. **evaluate** each model on held-out test tasks by horizon (``eval/agent_local.py``, through the engine,
    scored by ``eval/agent.summarize`` exactly as ``longmoe eval --tasks agent`` scores any backend)
    as soon as it exists (``RUN/evals.json``), so a run cut short still has its first rows;
 5. **report**: ``RUN/report.md`` + ``report.json`` (tables with standard errors), ``success.png``.
@@ -22,10 +24,11 @@ import torch
 from longmoe import checkpoint as ckpt
 from longmoe.data.stages import CurriculumStage
 from longmoe.envs import make_env
+from longmoe.envs.seeds import validation_offset
 from longmoe.eval.agent.harness import summarize
 from longmoe.eval.agent.local import run_local_eval
 from longmoe.pipelines.agent.config import ABLATIONS, AgentRecipeConfig
-from longmoe.pipelines.agent.report import write_report
+from longmoe.pipelines.agent.report import RL_LR, write_report
 from longmoe.presets import preset
 from longmoe.rl.config import RLConfig
 from longmoe.rl.plots import render as render_rl
@@ -38,6 +41,7 @@ from longmoe.train.sft import SFTConfig, SFTTrainer, sft_stage
 log = logging.getLogger(__name__)
 RECIPE_CONFIG = "recipe_config.json"
 EVALS = "evals.json"  # RUN/evals.json: model name -> per-horizon results (filled as they finish)
+VAL_EVALS = "val_evals.json"  # the same on validation task seeds (the RL lr choice)
 
 
 def _say(msg: str) -> None:
@@ -97,9 +101,13 @@ def _env_factory(cfg: AgentRecipeConfig, horizon: int):
     return lambda: make_env(cfg.env, horizon=horizon, **cfg.env_args)
 
 
-def evaluate(cfg: AgentRecipeConfig, root: Path, name: str, model_dir: Path, episodes: int) -> list[dict]:
-    """Held-out success by horizon (cached in ``RUN/evals.json``)."""
-    path = root / EVALS
+def evaluate(
+    cfg: AgentRecipeConfig, root: Path, name: str, model_dir: Path, episodes: int, validation: bool = False
+) -> list[dict]:
+    """Held-out success by horizon on the test task seeds (cached in ``RUN/evals.json``), or with
+    ``validation`` on the validation block (``RUN/val_evals.json``, episodes under ``RUN/val/``)."""
+    path = root / (VAL_EVALS if validation else EVALS)
+    offset = validation_offset(cfg.seed) if validation else cfg.seed
     done = json.loads(path.read_text()) if path.exists() else {}
     if name in done:
         return done[name]
@@ -110,12 +118,41 @@ def evaluate(cfg: AgentRecipeConfig, root: Path, name: str, model_dir: Path, epi
     cells = {(cfg.env, h): _env_factory(cfg, h) for h in cfg.eval_horizons}
     with Engine.from_dir(model_dir, **opts) as engine:
         results = run_local_eval(
-            engine, cells, episodes, root / "evals" / name, seed=cfg.seed,
+            engine, cells, episodes, root / ("val" if validation else "evals") / name, seed=offset,
             max_tokens=rl_cfg.max_turn_tokens, temperature=cfg.eval_temperature,
         )  # fmt: skip
     done[name] = summarize(results, name)["by_horizon"]
     path.write_text(json.dumps(done, indent=1) + "\n")
     return done[name]
+
+
+def rl_run_name(lr: float, seed: int, ablation: str | None = None) -> str:
+    """The RL run's directory under RUN/: ``rl_lr<lr>_s<seed>`` (``rl_<ablation>_lr..`` for an ablation)."""
+    return f"rl_{ablation + '_' if ablation else ''}lr{lr:g}_s{seed}"
+
+
+def rl_model_name(seed: int, ablation: str | None = None) -> str:
+    """The model's name in the evals: ``sft+rl`` (first seed), ``sft+rl#s<k>``, ``sft+rl:<ablation>``."""
+    return "sft+rl" + (f":{ablation}" if ablation else "") + (f"#s{seed}" if seed else "")
+
+
+def choose_rl_lr(cfg: AgentRecipeConfig, root: Path, tuned: Path) -> float:
+    """The RL learning rate with the best pooled success on the validation task seeds (one run per
+    candidate at the first seed); the only candidate when there is one. Test seeds play no part."""
+    if len(cfg.rl_lrs) == 1:
+        (root / RL_LR).write_text(json.dumps({"lr": cfg.rl_lrs[0], "validation_success": {}}) + "\n")
+        return cfg.rl_lrs[0]
+    scores = {}
+    for lr in cfg.rl_lrs:
+        path = rl(cfg, root, tuned, rl_run_name(lr, 0), {"lr": lr, "seed": cfg.seed})
+        rows = evaluate(cfg, root, f"sft+rl@lr{lr:g}", path, cfg.val_episodes, validation=True)
+        n = sum(r["episodes"] for r in rows)
+        scores[lr] = sum(r["success"] * r["episodes"] for r in rows) / max(n, 1)
+    best = max(cfg.rl_lrs, key=lambda lr: scores[lr])
+    _say(f"RL lr on validation tasks: {scores} -> {best:g}")
+    val = {str(k): v for k, v in scores.items()}
+    (root / RL_LR).write_text(json.dumps({"lr": best, "validation_success": val}, indent=1) + "\n")
+    return best
 
 
 def run_recipe(cfg: AgentRecipeConfig) -> dict[str, Any]:
@@ -134,10 +171,16 @@ def run_recipe(cfg: AgentRecipeConfig) -> dict[str, Any]:
     evals["pretrained"] = evaluate(cfg, root, "pretrained", base, cfg.eval_episodes)
     tuned = sft(cfg, root, base)
     evals["sft"] = evaluate(cfg, root, "sft", tuned, cfg.eval_episodes)
-    evals["sft+rl"] = evaluate(cfg, root, "sft+rl", rl(cfg, root, tuned, "rl", {}), cfg.eval_episodes)
+    lr = choose_rl_lr(cfg, root, tuned)
+    for s in range(cfg.rl_seeds):
+        path = rl(cfg, root, tuned, rl_run_name(lr, s), {"lr": lr, "seed": cfg.seed + s})
+        evals[rl_model_name(s)] = evaluate(cfg, root, rl_model_name(s), path, cfg.eval_episodes)
     for name in cfg.ablations:
-        path = rl(cfg, root, tuned, f"rl_{name}", ABLATIONS[name])
-        evals[f"sft+rl:{name}"] = evaluate(cfg, root, f"sft+rl:{name}", path, cfg.ablation_eval_episodes)
+        for s in range(cfg.ablation_seeds):
+            path = rl(cfg, root, tuned, f"{rl_run_name(lr, s, name)}", {**ABLATIONS[name], "lr": lr,
+                                                                       "seed": cfg.seed + s})  # fmt: skip
+            model = rl_model_name(s, name)
+            evals[model] = evaluate(cfg, root, model, path, cfg.ablation_eval_episodes)
     _say(f"done in {time.perf_counter() - t0:.0f} s; writing the report")
     return write_report(cfg, root, evals)
 

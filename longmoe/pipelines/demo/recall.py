@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from longmoe.pipelines.demo.config import DemoConfig
 from longmoe.pipelines.demo.result import RecallResult
-from longmoe.pipelines.mqar.checks import answers
+from longmoe.pipelines.mqar.checks import answers, chance
 from longmoe.pipelines.mqar.config import Cell, SweepConfig
 from longmoe.pipelines.mqar.run import run_cell
 
@@ -44,7 +44,7 @@ def run_recall(cfg: DemoConfig) -> RecallResult:
         steps=r.steps,
         train_seconds=r.train_seconds,
         solved=r.solved,
-        chance=1 / (VOCAB - VOCAB // 2),  # a guess among the values
+        chance=chance(cell.n_pairs),  # a guess among the row's P in-context values, 1/P
         answers=answers(rc, cell.n_pairs),
         accuracy=r.accuracy,
     )

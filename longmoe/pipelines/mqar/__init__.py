@@ -3,8 +3,9 @@
 ``python -m longmoe.pipelines.mqar [--quick] [--jobs N] [--out DIR]`` (settings: ``config.json`` here,
 ``config.SweepConfig``). For every layer pattern (``L``, ``M``, ``LLLM``, ``LM``; ``model.model_config``),
 width, pair count, position control and seed it trains a small dense-FFN ``LongMoE`` on fresh
-``longmoe.tasks.mqar`` rows at each learning rate (early stop at 0.99 held-out accuracy), keeps the best
-lr, tests it at 1x/4x/16x the training length (``run``), checks the issue's expectations (``checks``)
+``longmoe.tasks.mqar`` rows at each learning rate (early stop at 0.99 validation accuracy), keeps the
+lr with the best mean validation accuracy over seeds, tests it on separate test rows at 1x/4x/16x the
+training length (``run``; row seed ranges: ``seeds``), checks the issue's expectations (``checks``)
 and writes ``OUT/report.md``, ``OUT/results.json`` and plots (``report``). Each finished run is stored
 as ``OUT/runs/<cell>.json`` and a rerun skips it. See docs/evidence.md for the measured sweep.
 """

@@ -1,7 +1,8 @@
 """``python -m longmoe.pipelines.mqar``: the MQAR sweep (recall vs state capacity, length extrapolation).
 
 Runs the sanity cell first (it must be solved, else the sweep stops: the setup is broken), then every
-cell of the config at every learning rate, keeping the best; each finished run is stored as
+cell of the config at every learning rate, keeping the lr with the best validation accuracy (the
+reported accuracy is on separate test rows); each finished run is stored as
 ``OUT/runs/<cell>.json`` and a rerun skips it. Writes ``OUT/report.md``, ``OUT/results.json`` and
 ``OUT/plots/``.
 """

@@ -1,9 +1,11 @@
 """The sweep's settings (``config.json`` beside this file is the committed sweep; ``--quick`` a smoke run).
 
-A sweep trains one model per *cell* (pattern x d_model x pairs x position control x seed) at the
-learning rates of ``lrs`` in order, up to the first that reaches ``target_accuracy``, and keeps the
-best (Zoology's protocol, minus the runs that could not beat an early-stopped one); ``sanity`` is an
-easy cell that must be solved first (a run that cannot solve it has a broken setup, not a result).
+A sweep trains one model per *cell* (pattern x d_model x pairs x position control x seed) at every
+learning rate of ``lrs`` (Zoology's ``logspace(-3, -1.5, 4)``), early-stops each on the *validation*
+rows, and keeps per cell the lr with the best mean validation accuracy over its seeds; the reported
+accuracy is measured on separate *test* rows that neither early stopping nor the lr choice saw
+(``seeds``: the row seed ranges). ``sanity`` is an easy cell that must be solved first (a run that
+cannot solve it has a broken setup, not a result).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from pathlib import Path
 
 from longmoe.configio import JsonConfig
 from longmoe.pipelines.mqar.model import POSITIONS
+from longmoe.pipelines.mqar.seeds import MAX_CELL_SEED, MAX_STEPS
 from longmoe.tasks.mqar import check_settings
 
 CONFIG_FILE = Path(__file__).with_name("config.json")
+ZOOLOGY_LRS = tuple(round(10**e, 6) for e in (-3.0, -2.5, -2.0, -1.5))  # numpy.logspace(-3, -1.5, 4)
 
 
 @dataclass(frozen=True)
@@ -36,8 +40,13 @@ class Cell:
 
     @property
     def group(self) -> tuple[str, int, int, str, int]:
-        """The cell without its learning rate: the best lr of a group is kept."""
+        """The cell without its learning rate: one seed's runs at every lr."""
         return (self.pattern, self.d_model, self.n_pairs, self.position, self.seed)
+
+    @property
+    def setting(self) -> tuple[str, int, int, str]:
+        """The cell without lr and seed: its lr is chosen on the mean validation accuracy over seeds."""
+        return (self.pattern, self.d_model, self.n_pairs, self.position)
 
 
 @dataclass
@@ -47,8 +56,8 @@ class SweepConfig(JsonConfig):
     pairs: list[int] = field(default_factory=lambda: [4, 16])
     positions: list[str] = field(default_factory=lambda: ["none", "conv"])
     control_patterns: list[str] = field(default_factory=lambda: ["M"])  # patterns also run with the controls
-    lrs: list[float] = field(default_factory=lambda: [1e-2, 3e-3])
-    seeds: list[int] = field(default_factory=lambda: [0])
+    lrs: list[float] = field(default_factory=lambda: list(ZOOLOGY_LRS))
+    seeds: list[int] = field(default_factory=lambda: [0])  # config.json: 3 per cell
     vocab_size: int = 64
     train_len: int = 64
     eval_multiples: list[int] = field(default_factory=lambda: [1, 4, 16])
@@ -82,6 +91,10 @@ class SweepConfig(JsonConfig):
             raise ValueError(f"d_models={self.d_models} is invalid: expected even widths >= 2")
         if any(not lr > 0 for lr in self.lrs):
             raise ValueError(f"lrs={self.lrs} is invalid: expected learning rates > 0")
+        if any(not 0 <= s < MAX_CELL_SEED for s in [*self.seeds, self.sanity.seed]):
+            raise ValueError(f"seeds={self.seeds} is invalid: expected integers in [0, {MAX_CELL_SEED})")
+        if self.steps >= MAX_STEPS:
+            raise ValueError(f"steps={self.steps} is invalid: expected fewer than {MAX_STEPS}")
         if any(m < 1 for m in self.eval_multiples):
             raise ValueError(f"eval_multiples={self.eval_multiples} is invalid: expected integers >= 1")
         for name in ("steps", "batch_size", "eval_every", "eval_n", "threads"):

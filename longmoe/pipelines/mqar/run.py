@@ -1,8 +1,10 @@
-"""The sweep's runs: train one cell to 0.99 held-out accuracy (or its step budget), test it at longer
-lengths, store it as ``OUT/runs/<cell>.json``; a rerun reads the stored runs instead of redoing them.
+"""The sweep's runs: train one cell to 0.99 validation accuracy (or its step budget), test it at every
+eval length on the test rows, store it as ``OUT/runs/<cell>.json``; a rerun reads the stored runs
+instead of redoing them (a run stored before the test rows existed is retrained).
 
 Training batches are fresh MQAR rows every step (seeded by the cell's seed and the step: no epochs,
-no memorisation); the held-out rows use seeds no training step uses. The optimiser pieces are the
+no memorisation); the validation rows (early stop, lr choice) and the test rows (reported accuracy)
+use seeds no training step uses and not each other's (``seeds``). The optimiser pieces are the
 pretraining ones (``param_groups``, ``lr_at``'s warmup + cosine, ``seed_everything``).
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,7 +24,8 @@ from longmoe.pipelines.mqar.checks import expected_checks
 from longmoe.pipelines.mqar.config import Cell, SweepConfig
 from longmoe.pipelines.mqar.model import build, kda_state_numbers, model_config
 from longmoe.pipelines.mqar.report import write_report
-from longmoe.pipelines.mqar.result import RunResult, SweepResult
+from longmoe.pipelines.mqar.result import PROTOCOL, RunResult, SweepResult
+from longmoe.pipelines.mqar.seeds import test_seed, train_seed, validation_seed
 from longmoe.tasks.mqar import answer_accuracy, mqar
 from longmoe.train.config import TrainConfig
 from longmoe.train.optim import lr_at, param_groups
@@ -29,18 +33,21 @@ from longmoe.train.rng import seed_everything
 
 RUNS_DIR = "runs"
 CONFIG_OUT = "sweep_config.json"
-EVAL_SEED = 1 << 40  # held-out rows: far from every training seed (seed * 1_000_003 + step)
 GRAD_CLIP = 1.0
 
 
-def train_seed(cell: Cell, step: int) -> int:
-    return cell.seed * 1_000_003 + step
-
-
 @torch.no_grad()
-def accuracy(model: LongMoE, rc: SweepConfig, n_pairs: int, seq_len: int, chunk: int = 32) -> float:
-    """Held-out answer accuracy (greedy) on ``rc.eval_n`` rows of ``seq_len`` tokens."""
-    b = mqar(EVAL_SEED + seq_len, rc.eval_n, rc.vocab_size, seq_len, n_pairs, rc.alpha)
+def accuracy(
+    model: LongMoE,
+    rc: SweepConfig,
+    n_pairs: int,
+    seq_len: int,
+    chunk: int = 32,
+    rows: Callable[[int], int] = validation_seed,
+) -> float:
+    """Answer accuracy (greedy) on ``rc.eval_n`` held-out rows of ``seq_len`` tokens drawn by
+    ``rows(seq_len)`` (the validation rows unless told: pass ``seeds.test_seed`` for the reported one)."""
+    b = mqar(rows(seq_len), rc.eval_n, rc.vocab_size, seq_len, n_pairs, rc.alpha)
     model.eval()
     right = total = 0
     for i in range(0, rc.eval_n, chunk):
@@ -51,7 +58,8 @@ def accuracy(model: LongMoE, rc: SweepConfig, n_pairs: int, seq_len: int, chunk:
 
 
 def train_cell(cell: Cell, rc: SweepConfig, log: bool = False) -> RunResult:
-    """Train ``cell`` (early stop at ``rc.target_accuracy``), then measure every eval length."""
+    """Train ``cell`` (early stop at ``rc.target_accuracy`` on the validation rows), then measure every
+    eval length on the test rows (and the training length on the validation rows, for the lr choice)."""
     torch.set_num_threads(rc.threads)
     cfg = model_config(
         cell.pattern, cell.d_model, rc.vocab_size, max(rc.eval_lengths), rc.attn_res, rc.init_std
@@ -64,7 +72,9 @@ def train_cell(cell: Cell, rc: SweepConfig, log: bool = False) -> RunResult:
     curve: list[tuple[int, float, float]] = []  # (step, train loss, held-out accuracy)
     step, loss = 0, float("nan")
     while step < rc.steps:
-        b = mqar(train_seed(cell, step), rc.batch_size, rc.vocab_size, rc.train_len, cell.n_pairs, rc.alpha)
+        b = mqar(
+            train_seed(cell.seed, step), rc.batch_size, rc.vocab_size, rc.train_len, cell.n_pairs, rc.alpha
+        )
         for g in opt.param_groups:
             g["lr"] = lr_at(step, sched, rc.steps)
         out = model(b.input_ids, labels=b.labels)
@@ -82,7 +92,7 @@ def train_cell(cell: Cell, rc: SweepConfig, log: bool = False) -> RunResult:
             if acc >= rc.target_accuracy:
                 break
     t_train = time.perf_counter() - t0
-    by_len = {n: accuracy(model, rc, cell.n_pairs, n) for n in rc.eval_lengths}
+    by_len = {n: accuracy(model, rc, cell.n_pairs, n, rows=test_seed) for n in rc.eval_lengths}
     return RunResult(
         cell=cell,
         params=sum(p.numel() for p in trained.parameters()),  # tied weights counted once
@@ -92,14 +102,19 @@ def train_cell(cell: Cell, rc: SweepConfig, log: bool = False) -> RunResult:
         train_seconds=round(t_train, 1),
         curve=curve,
         accuracy={str(n): round(a, 4) for n, a in by_len.items()},
+        val_accuracy={str(rc.train_len): curve[-1][2]},  # the stopped model's validation accuracy
+        protocol=PROTOCOL,
     )
 
 
 def run_cell(cell: Cell, rc: SweepConfig, out: Path, log: bool = False) -> RunResult:
-    """``train_cell``, or the stored result of a finished run (``OUT/runs/<key>.json``)."""
+    """``train_cell``, or the stored result of a finished run (``OUT/runs/<key>.json``) unless that
+    predates the test rows (``RunResult.legacy``: retrained, its file replaced)."""
     f = out / RUNS_DIR / f"{cell.key}.json"
     if f.is_file():
-        return RunResult.from_dict(json.loads(f.read_text()))
+        stored = RunResult.from_dict(json.loads(f.read_text()))
+        if not stored.legacy:
+            return stored
     r = train_cell(cell, rc, log)
     f.parent.mkdir(parents=True, exist_ok=True)
     tmp = f.with_suffix(".tmp")
@@ -109,27 +124,30 @@ def run_cell(cell: Cell, rc: SweepConfig, out: Path, log: bool = False) -> RunRe
 
 
 def best_runs(runs: list[RunResult], length: int) -> list[RunResult]:
-    """Per cell group (all but the lr), the run with the best accuracy at ``length`` (ties: fewer steps)."""
-    groups: dict[tuple[str, int, int, str, int], RunResult] = {}
+    """Per cell setting (all but lr and seed), its runs (one per seed) at the lr with the best mean
+    *validation* accuracy at ``length`` over the seeds that ran it (ties: fewer mean steps). The test
+    rows play no part in the choice."""
+    by_lr: dict[tuple[str, int, int, str], dict[float, list[RunResult]]] = {}
     for r in runs:
-        g = r.cell.group
-        if g not in groups or (r.acc(length), -r.steps) > (groups[g].acc(length), -groups[g].steps):
-            groups[g] = r
-    return list(groups.values())
+        by_lr.setdefault(r.cell.setting, {}).setdefault(r.cell.lr, []).append(r)
+
+    def score(rs: list[RunResult]) -> tuple[float, float]:
+        return sum(r.val_acc(length) for r in rs) / len(rs), -sum(r.steps for r in rs) / len(rs)
+
+    return [r for lrs in by_lr.values() for r in max(lrs.values(), key=score)]
 
 
 def _run_group(args: tuple[list[Cell], SweepConfig, Path]) -> list[RunResult]:
-    """A cell's runs at its learning rates in order, up to the first that reaches the target (a later lr
-    cannot beat an early-stopped run by more than the noise, so it is not run)."""
+    """One seed of a cell at every learning rate (Zoology's sweep: the lr is chosen afterwards, on the
+    validation rows, by ``best_runs``)."""
     cells, rc, out = args
     runs = []
     for cell in cells:
         t0 = time.perf_counter()
         r = run_cell(cell, rc, out)
-        print(f"{cell.key}: {r.steps} steps, acc {r.accuracy} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(f"{cell.key}: {r.steps} steps, test acc {r.accuracy} ({time.perf_counter() - t0:.0f} s)",
+              flush=True)  # fmt: skip
         runs.append(r)
-        if r.solved:
-            break
     return runs
 
 
