@@ -247,7 +247,7 @@ def compile_only(cfg: ModelConfig, ctx: int, n: int, model_dir: Path | None) -> 
     what = f"trained model `{model_dir}`" if model_dir else "tiny-preset shapes, random weights"
     table += f"\n\nCPU, fp32, {threads} thread(s), shared machine; {what}; {ctx}-token prompt."
     payload = {"config": cfg.to_dict(), "model": str(model_dir) if model_dir else None, "compiled": res}
-    write_results("serve_compile", payload, table, update_readme=False)
+    write_results("serve_compile", payload, table, update_readme=model_dir is not None)
     return 0
 
 

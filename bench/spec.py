@@ -189,7 +189,7 @@ def main() -> int:
         "runs": runs,
         "wall_s": time.perf_counter() - t_start,
     }
-    write_results("spec_quick" if args.quick else "spec", results, table, update_readme=False)
+    write_results("spec_quick" if args.quick else "spec", results, table, update_readme=not args.quick)
     tmp.cleanup()
     return 0
 
