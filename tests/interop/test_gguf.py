@@ -316,9 +316,9 @@ def test_a_directory_without_tokenizer_is_refused(tmp_path, capsys):
     assert "tokenizer.json" in capsys.readouterr().err and not out.exists()
 
 
-@pytest.mark.slow
 def test_llama_cpp_logits_match_longmoe(model_dir, tmp_path):
-    """llama-cpp-python on the f32 file against longmoe's fp32 forward, 64 token ids."""
+    """llama-cpp-python on the f32 file against longmoe's fp32 forward, 64 token ids (runs wherever
+    ``llama_cpp`` imports: ``pip install 'longmoe[cpu-peer]'``; a tiny model, a second or two)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     path = tmp_path / "m.gguf"
     to_gguf(model_dir, path, outtype="f32")
