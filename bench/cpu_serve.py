@@ -156,7 +156,8 @@ def make_arms(paths: dict, n_ctx: int, threads: int, have_llama: bool) -> tuple[
     for name, q, comp in specs:
         r0, t0 = rss_bytes(), time.perf_counter()
         arm = LongArm(paths["longmoe"], paths["longmoe"], q, comp)
-        arm.decode(arm.prefill(ids_of(16, 0)), 1)
+        for n in (16, CHUNK + 16):  # compiles: full and partial prefill chunks, two decode capacities
+            arm.decode(arm.prefill(ids_of(n, 0)), 1)
         info[name] = {"rss_delta": rss_bytes() - r0, "warmup_s": time.perf_counter() - t0}
         arms[name] = arm
     if have_llama:
