@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test test-all lint format bench demo clean
+.PHONY: venv test test-all lint format bench bench-cpu demo clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,11 @@ test-all: lint
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
+
+# longmoe vs llama.cpp on CPU (bench/cpu_serve.py); builds llama-cpp-python from source (long on 2 cores)
+bench-cpu: $(STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/pip install --quiet -e '.[cpu-peer]'
+	$(BIN)/python -m bench.cpu_serve
 
 demo: $(STAMP)
 	$(BIN)/python -m longmoe demo

@@ -8,7 +8,14 @@ transformers tensor is renamed / reshaped the way llama.cpp's ``kimi-linear`` lo
   MLA cache) and ``attn_v_b [H, v_head_dim, kv_lora_rank]``;
 - ``A_log`` is stored as ``ssm_a = -exp(A_log)`` (llama.cpp multiplies by it directly);
 - conv weights ``[HK, 1, W]`` become ``[1, HK, 1, W]`` (ggml ``ne = [W, 1, HK, 1]``);
-- MLA layers are marked by ``head_count_kv = 1`` (the MQA form of the latent cache), KDA layers by 0.
+- MLA layers are marked by ``head_count_kv = 1`` (the MQA form of the latent cache), KDA layers by 0;
+  ``key_length`` / ``value_length`` are the latent cache's row (``kv_lora_rank + rope`` / ``kv_lora_rank``),
+  as llama.cpp's DeepSeek-2 converter writes them (without ``value_length`` llama.cpp sizes the V cache
+  as ``d_model / heads``).
+
+llama.cpp's ``kimi-linear`` graph (``src/models/kimi-linear.cpp``) projects MLA queries with one
+``attn_q`` matrix only: its loader reads ``attn_q_a``/``attn_q_b`` but the graph never uses them, so a
+model with a low-rank query (``mla_q_lora_rank > 0``) is refused (Kimi-Linear itself has none).
 
 Small tensors (norms, biases, ``ssm_a``, conv weights, the router) stay f32 in every ``outtype``; ``q8_0``
 quantizes a matrix whose rows are a multiple of 32 long and writes the others f16.
@@ -70,9 +77,6 @@ _LAYER_NAMES: dict[str, tuple[gguf.MODEL_TENSOR, str]] = {
     "self_attn.dt_bias": (_T.SSM_DT, "bias"),
     "self_attn.A_log": (_T.SSM_A, ""),
     "self_attn.o_norm.weight": (_T.SSM_NORM, "weight"),
-    "self_attn.q_a_proj.weight": (_T.ATTN_Q_A, "weight"),
-    "self_attn.q_a_layernorm.weight": (_T.ATTN_Q_A_NORM, "weight"),
-    "self_attn.q_b_proj.weight": (_T.ATTN_Q_B, "weight"),
     "self_attn.kv_a_proj_with_mqa.weight": (_T.ATTN_KV_A_MQA, "weight"),
     "self_attn.kv_a_layernorm.weight": (_T.ATTN_KV_A_NORM, "weight"),
     "block_sparse_moe.gate.weight": (_T.FFN_GATE_INP, "weight"),
@@ -112,6 +116,11 @@ def check_exportable(cfg: ModelConfig) -> None:
         raise ConversionError(
             f"cannot export to GGUF {GGUF_ARCH}: kda_heads = {cfg.kda_heads}, expected mla_heads = "
             f"{cfg.mla_heads} (llama.cpp's kimi-linear has one head count for KDA and MLA layers)"
+        )
+    if cfg.mla_q_lora_rank:
+        raise ConversionError(
+            f"cannot export to GGUF {GGUF_ARCH}: mla_q_lora_rank = {cfg.mla_q_lora_rank}, expected 0 "
+            "(llama.cpp's kimi-linear graph projects MLA queries with one attn_q matrix)"
         )
     if cfg.ffn.glu != "swiglu":
         raise ConversionError(
@@ -198,11 +207,10 @@ def _add_metadata(w: gguf.GGUFWriter, cfg: ModelConfig, name: str, outtype: str)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     w.add_ssm_conv_kernel(cfg.kda_conv_size)
     w.add_kda_head_dim(cfg.kda_head_dim)
-    if cfg.mla_q_lora_rank:
-        w.add_q_lora_rank(cfg.mla_q_lora_rank)
     w.add_kv_lora_rank(cfg.mla_kv_lora_rank)
     w.add_rope_dimension_count(rope)
     w.add_key_length(cfg.mla_kv_lora_rank + rope)  # the MQA form: one latent "head" per token
+    w.add_value_length(cfg.mla_kv_lora_rank)
     w.add_key_length_mla(cfg.mla_head_dim + rope)
     w.add_value_length_mla(cfg.mla_v_head_dim)
     w.add_expert_count(f.n_experts)
