@@ -72,9 +72,9 @@ def build(workdir: Path, quick: bool) -> dict[str, Path]:
     if not (lm / "config.json").exists():
         _cli("convert", "--from-hf", str(hf), "--out", str(lm), "--dtype", "float32")
     if not (lm / "tokenizer.json").exists():
-        from longmoe.data.tokenizer import tokenizer_for_tests
+        from bench.common import bench_tokenizer
 
-        tokenizer_for_tests(512).save(lm)  # GGUF needs a vocabulary; the ids are random anyway
+        bench_tokenizer(512).save(lm)  # GGUF needs a vocabulary; the ids are random anyway
     out = {"hf": hf, "longmoe": lm}
     for t in OUTTYPES:
         out[t] = workdir / f"model-{t}.gguf"
