@@ -6,14 +6,11 @@ noisy), so absolute seconds only matter relative to each other and to ``gemm_roo
 
 from __future__ import annotations
 
-import datetime
 import functools
 import itertools
 import json
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +21,7 @@ import torch
 from bench.tables import table_sha256, write_all
 from longmoe.data.corpus import stdlib_documents
 from longmoe.data.tokenizer import Tokenizer
+from longmoe.provenance import provenance as shared_provenance
 from longmoe.runtime import retain_freed_memory
 
 MALLOC_TUNED = retain_freed_memory()  # every benchmark, both peers: see longmoe/runtime.py
@@ -85,30 +83,6 @@ def machine_info() -> dict:
     }
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _git_commit() -> str | None:
-    """HEAD's short hash, ``+dirty`` when tracked files differ from it; None outside a git checkout."""
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10)  # fmt: skip
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if head.returncode != 0:
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
 def _program() -> str:
     p = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
     return f"python -m bench.{p.stem}" if p.parent.name == "bench" else str(p)
@@ -116,14 +90,7 @@ def _program() -> str:
 
 def provenance() -> dict:
     """Where a result came from: what ``longmoe report`` prints beside each number (longmoe/reportcard.py)."""
-    return {
-        "commit": _git_commit(),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{socket.gethostname()}, {_cpu_model()}",
-        "threads": torch.get_num_threads(),
-        "command": " ".join([_program(), *sys.argv[1:]]),
-        "wall_s": round(time.perf_counter() - STARTED, 1),
-    }
+    return shared_provenance(" ".join([_program(), *sys.argv[1:]]), STARTED)
 
 
 def markdown_table(header: list[str], rows: list[list[object]]) -> str:

@@ -3,7 +3,8 @@
 A recipe module (``RECIPES``: name -> module) defines ``add_arguments(parser)`` and ``run(args) -> int``
 like a ``longmoe`` command; what every recipe repeats lives here: the ``--quick`` / ``--out`` flags
 (``add_common_arguments``), the config error (``RecipeError``, printed as one line by ``longmoe``), the
-``python -m longmoe.pipelines.<name>`` alias (``main``) and the provenance stamp (``provenance``).
+``python -m longmoe.pipelines.<name>`` alias (``main``) and, after a successful run, the run's provenance
+(commit, date, machine, threads, command, wall time) in ``OUT/provenance.json``.
 Plots go through ``longmoe.plotting.pyplot()``; no recipe sets a matplotlib backend at import.
 """
 
@@ -11,14 +12,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import platform
+import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from longmoe import __version__
 from longmoe.errors import UserError
+from longmoe.provenance import provenance
+
+PROVENANCE_FILE = "provenance.json"  # written into a recipe's --out after a successful run
 
 # name -> (module with add_arguments / run, one-line help). Add a recipe by adding a line here.
 RECIPES: dict[str, tuple[str, str]] = {
@@ -57,17 +59,6 @@ def add_common_arguments(
 def config_error(e: Exception) -> RecipeError:
     """A config's validation error (``ValueError``, ``TypeError``, a missing file) as a ``RecipeError``."""
     return RecipeError(str(e))
-
-
-def provenance() -> dict[str, Any]:
-    """Who made a result and when: longmoe's version, Python, the platform and the command line."""
-    return {
-        "longmoe": __version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "argv": list(sys.argv),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
 
 
 def recipe_parser(name: str) -> argparse.ArgumentParser:
@@ -114,4 +105,10 @@ def run(args: argparse.Namespace) -> int:
         rargs = p.parse_args(args.options)
     except SystemExit as e:  # --help, or a usage error argparse already printed
         return e.code if isinstance(e.code, int) else 2
-    return int(rargs._run(rargs) or 0)
+    started = time.perf_counter()
+    rc = int(rargs._run(rargs) or 0)
+    out = getattr(rargs, "out", None)
+    if rc == 0 and out is not None and Path(out).is_dir():  # what `longmoe report` prints beside the numbers
+        command = " ".join(["longmoe recipe", args.name, *args.options])
+        (Path(out) / PROVENANCE_FILE).write_text(json.dumps(provenance(command, started), indent=2) + "\n")
+    return rc

@@ -57,3 +57,24 @@ def test_no_recipe_sets_a_matplotlib_backend_at_import():
     code = "import sys, longmoe.pipelines.mqar.report, longmoe.eval.plots; print('matplotlib' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
+
+
+def test_a_successful_run_records_its_provenance(tmp_path, monkeypatch):
+    """`longmoe recipe NAME --out DIR` writes DIR/provenance.json (what `longmoe report` prints) after a
+    run that succeeded, and nothing after one that failed."""
+    import json
+    import types
+
+    from longmoe.pipelines import recipe
+
+    fake = types.ModuleType("fake_recipe")
+    fake.add_arguments = lambda p: recipe.add_common_arguments(p, out=str(tmp_path / "default"))
+    fake.run = lambda args: (args.out.mkdir(parents=True, exist_ok=True), 1 if args.quick else 0)[1]
+    monkeypatch.setitem(sys.modules, "fake_recipe", fake)
+    monkeypatch.setitem(recipe.RECIPES, "fake", ("fake_recipe", "a test recipe"))
+    assert main(["recipe", "fake", "--out", str(tmp_path / "ok")]) == 0
+    p = json.loads((tmp_path / "ok" / recipe.PROVENANCE_FILE).read_text())
+    assert p["command"] == f"longmoe recipe fake --out {tmp_path / 'ok'}" and p["wall_s"] >= 0
+    assert set(p) == {"commit", "date", "machine", "threads", "command", "wall_s"}
+    assert main(["recipe", "fake", "--quick", "--out", str(tmp_path / "failed")]) == 1
+    assert not (tmp_path / "failed" / recipe.PROVENANCE_FILE).exists()
