@@ -38,10 +38,18 @@ def _causal_conv(
     """Depthwise causal conv as ``W`` shifted multiply-adds; returns ``(y [B, T, C], new_tail)``.
 
     ``x``: ``[B, T, C]``, ``weight``: ``[C, W]`` (last tap = current token), ``tail``: ``[B, W-1, C]``
-    previous inputs (None = zeros). ``new_tail`` is ``[tail | x]`` (``[B, W-1+T, C]``): its last ``W-1``
-    rows continue the sequence, and rows ``[p, p+W-1)`` are the tail after token ``p``. With ``packing`` a tap ``s`` tokens back is used only if it stays
+    previous inputs (None = zeros). With ``packing`` a tap ``s`` tokens back is used only if it stays
     inside the token's document.
     """
+    y, xp = _causal_conv_inputs(x, weight, tail, packing)
+    return y, xp[:, x.shape[1] :]
+
+
+def _causal_conv_inputs(
+    x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor | None, packing: Packing | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_causal_conv`` returning all conv inputs ``[tail | x]`` (``[B, W-1+T, C]``) in place of the new
+    tail: rows ``[p, p+W-1)`` are the tail after token ``p`` (prefix reuse keeps it at chunk edges)."""
     B, T, C = x.shape
     W = weight.shape[1]
     if tail is None:
@@ -166,7 +174,7 @@ class KDALayer(nn.Module):
         B, T, _ = x.shape
         H, K = self.H, self.K
         qkv, beta, gate_in, out_gate = self.in_proj(x).split(self.splits, dim=-1)
-        qkv, xp = _causal_conv(qkv, self.conv_weight, conv_tail, packing)
+        qkv, xp = _causal_conv_inputs(qkv, self.conv_weight, conv_tail, packing)
         q, k, v = F.silu(qkv).view(B, T, 3, H, K).unbind(2)  # [B, T, H, K] each
         q, k = self._l2(q), self._l2(k)
         beta = torch.sigmoid(beta.float())  # [B, T, H]

@@ -172,9 +172,9 @@ class PrefixCache:
                 break
             best: tuple[Snapshot, int] | None = None
             for node in self.tails.get(self._base(hashes, b), ()):
-                if longer_than < node.end <= limit and (best is None or node.end > best[1]):
-                    if self._verify(ids, node, node.end, marks):
-                        best = (node, node.end)
+                longer = longer_than < node.end <= limit and (best is None or node.end > best[1])
+                if longer and self._verify(ids, node, node.end, marks):
+                    best = (node, node.end)
             if best is None and b > longer_than:
                 hit = self.index.get(hashes[b // bs - 1]) if b else None
                 if hit is not None and hit[1] == b and self._verify(ids, hit[0], b, marks):

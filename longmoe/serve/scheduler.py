@@ -250,7 +250,9 @@ class Scheduler:
     def regroup(self) -> Regroup:
         """The membership change due now: finished rows leave, requests whose prefill ended join."""
         keep = [i for i, r in enumerate(self.running) if r.finish is None]
-        kept = [i for i, r in enumerate(self.running) if r.finish in ("stop", "length") and self._keeps_row(r)]
+        kept = [
+            i for i, r in enumerate(self.running) if r.finish in ("stop", "length") and self._keeps_row(r)
+        ]
         stay = keep if len(keep) < len(self.running) else None
         return Regroup(stay, kept, [r.cache for r in self.joining])
 

@@ -253,14 +253,27 @@ def test_chunk_states_equal_the_final_state_of_each_prefix():
     s0 = torch.randn(B, H, K, K)
     for n in (T, 48, 16, 7):
         _, final, states = kda_chunk(
-            q[:, :n], k[:, :n], v[:, :n], g[:, :n], beta[:, :n], initial_state=s0,
-            output_final_state=True, chunk_size=C, return_chunk_states=True,
+            q[:, :n],
+            k[:, :n],
+            v[:, :n],
+            g[:, :n],
+            beta[:, :n],
+            initial_state=s0,
+            output_final_state=True,
+            chunk_size=C,
+            return_chunk_states=True,
         )
         assert states.shape == (n // C, B, H, K, K)
         for j in range(n // C):
             _, want = kda_chunk(
-                q[:, : (j + 1) * C], k[:, : (j + 1) * C], v[:, : (j + 1) * C], g[:, : (j + 1) * C],
-                beta[:, : (j + 1) * C], initial_state=s0, output_final_state=True, chunk_size=C,
+                q[:, : (j + 1) * C],
+                k[:, : (j + 1) * C],
+                v[:, : (j + 1) * C],
+                g[:, : (j + 1) * C],
+                beta[:, : (j + 1) * C],
+                initial_state=s0,
+                output_final_state=True,
+                chunk_size=C,
             )
             torch.testing.assert_close(states[j], want, rtol=1e-5, atol=1e-5)
         if n % C == 0 and n:
