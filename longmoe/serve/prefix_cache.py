@@ -1,17 +1,20 @@
-"""Prefix reuse: snapshots of prompt state at block boundaries, shared by requests with that prefix.
+"""Prefix reuse: snapshots of token prefixes every ``block_size`` (16) tokens, shared by later requests.
 
-A recurrent (KDA) state cannot be cut at an arbitrary token, so the engine keeps **snapshots** at
-block-aligned prompt lengths (multiples of ``block_size``): at the end of prefill chunks (which the
-engine aligns to blocks) and at the last block boundary of each prompt. A snapshot at length ``e`` is
-a chain node: the segments every layer gained from its parent's end to ``e`` (``LayerState.segment``:
-the MLA latents of those tokens, the KDA state + conv tail at ``e``), so shared prefixes store their
-latents once. A new request restores the longest stored prefix of its prompt (``Cache.from_segments``,
-a copy: nothing a request does can change a snapshot) and prefills only the rest.
+A recurrent (KDA) state cannot be cut at an arbitrary token, but the chunked prefill computes the
+state after every 16-token chunk anyway: the runner has the cache record them (``Cache.start_taps``),
+so a prefill chunk of any length leaves a state at every block boundary inside it. A snapshot is a
+chain node ``[start, end)``: the per-token layers' segment of those tokens (MLA latents, once) and,
+per stored boundary ("point") in ``(start, end]``, only the recurrent layers' states. A hit at point
+``p`` rebuilds a fresh row from the chain (``Cache.from_segments``, a copy: nothing a request does can
+change a snapshot) and prefills only the rest; a new prefix that leaves a node in its middle splits it.
+A finished request's row (prompt + reply) is kept too (``store_end``), ending off the grid: a chat's
+next turn then prefills only its new message.
 
-Keys are chained block hashes (as vLLM's): ``h_j = H(h_{j-1}, tokens of block j)``, so a node's key
-names its whole prefix. A hit is also checked token by token against the node's chain, so two prompts
-whose hashes collide can never get each other's state. Images: identical token ids can carry
-different pixels, so ``marks`` (an image's first patch position and pixel digest,
+Keys are chained block hashes (as vLLM's): ``h_j = H(h_{j-1}, tokens of block j)``, so a point's key
+names its whole prefix (a node ending off the grid hangs off the key of the boundary before it). A
+hit is also checked token by token against the node's chain, so two prompts whose hashes collide
+can never get each other's state. Images: identical token ids can carry different pixels, so
+``marks`` (an image's first patch position and pixel digest,
 ``serve/prompt_images.py``) join the hash of the block holding that position and are checked on a
 hit like the tokens.
 
