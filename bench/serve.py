@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from bench.common import bench_tokenizer, markdown_table, write_results
-from bench.serve_fast import prefix_rows, spec_rows
+from bench.serve_fast import prefix_rows, prefix_turn_rows, spec_rows
 from bench.structured import structured_rows
 from longmoe.checkpoint import LoadedModel, load_model
 from longmoe.config import ModelConfig
@@ -261,6 +261,7 @@ def main() -> int:
         "--compile-only", action="store_true", help="only the eager vs --compile batch-1 decode rows"
     )
     ap.add_argument("--model", type=Path, default=None, help="with --compile-only: a trained model dir")
+    ap.add_argument("--only", choices=["prefix"], help="only these rows (prefix: hits by offset, chat turns)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -272,6 +273,13 @@ def main() -> int:
     cfg = hybrid_config()
     if args.compile_only:
         return compile_only(cfg, ctxs[0], n_dec, args.model)
+    if args.only == "prefix":
+        with torch.inference_mode():
+            rows, res = prefix_turn_rows(
+                lambda **kw: make_engine(cfg, **kw), rand_ids, cfg.vocab_size, args.quick
+            )
+        print(markdown_table(["measurement", "hybrid LLLM", "", ""], rows))
+        return 0
     results: dict = {"decode": [], "prefill": [], "throughput": []}
     rows = []
 
@@ -329,7 +337,11 @@ def main() -> int:
         def engine(**kw) -> Engine:
             return make_engine(cfg, **kw)
 
-        for key, fn in (("prefix_reuse", prefix_rows), ("speculative", spec_rows)):
+        for key, fn in (
+            ("prefix_reuse", prefix_rows),
+            ("prefix_turns", prefix_turn_rows),
+            ("speculative", spec_rows),
+        ):
             new_rows, results[key] = fn(engine, rand_ids, cfg.vocab_size, args.quick)
             rows += new_rows
             print(new_rows, flush=True)

@@ -117,3 +117,78 @@ def spec_rows(make_engine: MakeEngine, rand_ids: Callable, vocab: int, quick: bo
             rows.append([f"{label}: share of time in rollback replay", entry["replay_share"], "", ""])
             print(rows[-4:], flush=True)
     return rows, {"draft_layers": draft_layers, "tokens": n_tok, "runs": res}
+
+
+def prefix_turn_rows(
+    make_engine: MakeEngine, rand_ids: Callable, vocab: int, quick: bool
+) -> tuple[list[Row], dict]:
+    """Token-granular hits and multi-turn reuse: the prefix restored for a prompt sharing ``p`` tokens
+    with a stored one (offsets 0..64, short prompts), the snapshot memory per stored token, and time to
+    first token per turn of a chat whose turns each add ~300 tokens, with and without prefix reuse."""
+    rows, res = [], {"hits": {}, "turns": {}}
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    base = rand_ids(200, vocab, 40)
+    with make_engine(prefix_cache=True) as e:
+        e.generate(base, one)
+        bytes_per_token = e.budget.snapshot_bytes / (len(base) - 1)
+        for p in range(65):
+            c = e.generate(base[:p] + [(base[p] + 1) % vocab or 3] + rand_ids(4, vocab, 50 + p), one)
+            res["hits"][p] = c.cached_tokens
+        for n in (17, 20, 31):  # shorter than the old 64-token block
+            short = rand_ids(n, vocab, 60 + n)
+            e.generate(short, one)
+            res["hits"][f"short {n}"] = e.generate(
+                short[:-1] + [(short[-1] + 1) % vocab or 3], one
+            ).cached_tokens
+    res["snapshot_bytes_per_token"] = bytes_per_token
+    offs = (0, 1, 15, 16, 17, 31, 32, 40, 63, 64)
+    rows.append(
+        [
+            "prefix hit / shared tokens at " + ", ".join(map(str, offs)),
+            " ".join(str(res["hits"][p]) for p in offs),
+            "",
+            "",
+        ]
+    )
+    rows.append(
+        [
+            "prefix hit of a 17 / 20 / 31-token prompt sharing all but its last token",
+            " ".join(str(res["hits"][f"short {n}"]) for n in (17, 20, 31)),
+            "",
+            "",
+        ]
+    )
+    rows.append(["prefix snapshot bytes per stored prompt token (block 16)", bytes_per_token, "", ""])
+    n_turns, turn_len = (6, 150) if quick else (10, 300)
+    for on in (False, True):
+        ttfts = []
+        with make_engine(prefix_cache=on) as e:
+            e.generate(rand_ids(64, vocab, 1), one)  # warm-up
+            convo: list[int] = []
+            params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+            for t in range(n_turns):
+                convo = convo + rand_ids(turn_len, vocab, 70 + t)
+                t0 = time.perf_counter()
+                h = e.submit(convo, params)
+                first, out = None, []
+                for ev in h.events():
+                    first = first or time.perf_counter()
+                    out += ev.token_ids
+                ttfts.append((first or time.perf_counter()) - t0)
+                convo = convo + out
+        res["turns"]["on" if on else "off"] = ttfts
+        label = "prefix reuse" if on else "no reuse"
+        rows.append(
+            [
+                f"TTFT s per turn, {n_turns} turns x {turn_len} new tokens, {label}",
+                " ".join(f"{x:.3f}" for x in ttfts),
+                "",
+                "",
+            ]
+        )
+    on = res["turns"]["on"]
+    res["last_over_first"] = on[-1] / on[0]
+    rows.append(
+        [f"TTFT turn {n_turns} / turn 1 with prefix reuse (target <= 1.5)", res["last_over_first"], "", ""]
+    )
+    return rows, res

@@ -66,6 +66,13 @@ class LayerState(ABC):
     """
 
     forgets: bool = True
+    # a recurrent layer records ``(offset, state, ...)`` here during a forward call when this is a list
+    # (``Cache.start_taps``); per-token layers never need to
+    taps: list | None = None
+
+    def tapped(self, entry: tuple) -> LayerState:
+        """One row of a recorded tap (its row as a one-row state, copied); recurrent layers only."""
+        raise NotImplementedError(f"{type(self).__name__} records no taps")
 
     @abstractmethod
     def select(self, idx: torch.Tensor, max_len: int) -> Self:
@@ -126,6 +133,14 @@ class KDAState(LayerState):
     state: torch.Tensor
     conv: torch.Tensor
     forgets = False
+    taps: list | None = field(default=None, repr=False, compare=False)  # (offset, [B,H,K,V], [B,W-1,C])
+
+    def tapped(self, entry: tuple) -> list[KDAState]:
+        _, state, conv = entry
+        return [
+            KDAState(state[b : b + 1].clone(), conv[b : b + 1].clone(memory_format=torch.contiguous_format))
+            for b in range(state.shape[0])
+        ]
 
     def select(self, idx: torch.Tensor, max_len: int) -> KDAState:
         return KDAState(self.state.index_select(0, idx), self.conv.index_select(0, idx))
@@ -317,6 +332,32 @@ class Cache:
                 part = saved.select(idx, n)
             layers.append(part)
         return Cache(layers, seq_lens)
+
+    def start_taps(self) -> None:
+        """Have every recurrent layer record its state at each chunk boundary inside the next forward
+        call (``KDALayer`` takes them from the chunked scan): prefix reuse keeps states every few tokens
+        without splitting the prefill into small calls."""
+        for st in self.layers:
+            if not st.forgets:
+                st.taps = []
+
+    def take_taps(self) -> list[dict[int, list[LayerState | None]]]:
+        """What ``start_taps`` recorded, per row: ``{offset in the call: per layer its state there}``
+        (None for per-token layers, which keep every token anyway); only offsets that every recurrent
+        layer recorded. Stops recording."""
+        per_layer: list[dict[int, list[LayerState]] | None] = []
+        for st in self.layers:
+            if st.forgets or st.taps is None:
+                per_layer.append(None if st.forgets else {})
+                continue
+            per_layer.append({e[0]: st.tapped(e) for e in st.taps})
+            st.taps = None
+        rec = [d for d in per_layer if d is not None]
+        offsets = set.intersection(*(set(d) for d in rec)) if rec else set()
+        return [
+            {p: [None if d is None else d[p][b] for d in per_layer] for p in sorted(offsets)}
+            for b in range(self.batch_size)
+        ]
 
     def segment(self, start: int, end: int) -> list[LayerState]:
         """Every layer's ``LayerState.segment`` of row 0 (which must have seen ``end`` tokens)."""

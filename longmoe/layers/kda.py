@@ -41,6 +41,15 @@ def _causal_conv(
     previous inputs (None = zeros). With ``packing`` a tap ``s`` tokens back is used only if it stays
     inside the token's document.
     """
+    y, xp = _causal_conv_inputs(x, weight, tail, packing)
+    return y, xp[:, x.shape[1] :]
+
+
+def _causal_conv_inputs(
+    x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor | None, packing: Packing | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_causal_conv`` returning all conv inputs ``[tail | x]`` (``[B, W-1+T, C]``) in place of the new
+    tail: rows ``[p, p+W-1)`` are the tail after token ``p`` (prefix reuse keeps it at chunk edges)."""
     B, T, C = x.shape
     W = weight.shape[1]
     if tail is None:
@@ -53,7 +62,7 @@ def _causal_conv(
         if packing is not None:
             tap = tap * (packing.doc_pos >= s).to(x.dtype)[None, :, None]
         y = y + tap
-    return y, xp[:, xp.shape[1] - (W - 1) :]
+    return y, xp
 
 
 class KDALayer(nn.Module):
@@ -112,7 +121,9 @@ class KDALayer(nn.Module):
     ) -> torch.Tensor:
         """``x [B, T, d]``; ``state`` (updated in place) continues a cached sequence."""
         B, T, _ = x.shape
-        q, k, v, g, beta, out_gate, tail = self.features(x, None if state is None else state.conv, packing)
+        q, k, v, g, beta, out_gate, xp = self._features(x, None if state is None else state.conv, packing)
+        tail = xp[:, T:]  # [B, W-1, C]
+        taps = None if state is None else state.taps  # prefix reuse: states at chunk boundaries
         # the operator chooses its own precision (fp32 state and scan for bf16 inputs): keep autocast out
         with torch.autocast(device_type=x.device.type, enabled=False):
             if state is not None and T == 1:  # decode: one step of the recurrence
@@ -121,7 +132,7 @@ class KDALayer(nn.Module):
                 )
                 o = o.unsqueeze(1)  # [B, 1, H, V]
             else:
-                o, new_state = kda_chunk(
+                o, new_state, *chunk_states = kda_chunk(
                     q,
                     k,
                     v,
@@ -132,7 +143,12 @@ class KDALayer(nn.Module):
                     cu_seqlens=None if packing is None else packing.cu_seqlens,
                     chunk_size=self.chunk_size,
                     intra=self.intra,
+                    return_chunk_states=taps is not None,
                 )  # [B, T, H, V]
+                if taps is not None:  # the state and conv tail after each full chunk inside the call
+                    C, W = self.chunk_size, self.conv_size
+                    for j, s in enumerate(chunk_states[0][: (T - 1) // C]):  # [B, H, K, V]
+                        taps.append(((j + 1) * C, s, xp[:, (j + 1) * C : (j + 1) * C + W - 1]))
         if state is not None:
             # a copy with canonical strides: not a view holding the inputs alive, and one stride pattern
             # whatever T was (compiled steps guard on strides)
@@ -148,10 +164,17 @@ class KDALayer(nn.Module):
         β [B, T, H] fp32, output gate [B, T, H·V], new conv tail [B, W-1, C])``. Packed documents mask
         the conv taps with ``packing.doc_pos``. (Also the seam context parallelism builds on.)
         """
+        *out, xp = self._features(x, conv_tail, packing)
+        return (*out, xp[:, x.shape[1] :])
+
+    def _features(
+        self, x: torch.Tensor, conv_tail: torch.Tensor | None, packing: Packing | None
+    ) -> tuple[torch.Tensor, ...]:
+        """``features`` with the conv inputs ``[tail | qkv]`` ``[B, W-1+T, C]`` in place of the new tail."""
         B, T, _ = x.shape
         H, K = self.H, self.K
         qkv, beta, gate_in, out_gate = self.in_proj(x).split(self.splits, dim=-1)
-        qkv, tail = _causal_conv(qkv, self.conv_weight, conv_tail, packing)
+        qkv, xp = _causal_conv_inputs(qkv, self.conv_weight, conv_tail, packing)
         q, k, v = F.silu(qkv).view(B, T, 3, H, K).unbind(2)  # [B, T, H, K] each
         q, k = self._l2(q), self._l2(k)
         beta = torch.sigmoid(beta.float())  # [B, T, H]
@@ -163,7 +186,7 @@ class KDALayer(nn.Module):
             g = kimi_decay(h, A)
         else:
             g = softplus_decay(h, A)
-        return q, k, v, g, beta, out_gate, tail
+        return q, k, v, g, beta, out_gate, xp
 
     def output(self, o: torch.Tensor, out_gate: torch.Tensor) -> torch.Tensor:
         """``o_proj(RMSNorm(o) ⊙ sigmoid(gate))``: operator output ``o [B, T, H, V]`` -> ``[B, T, d]``."""

@@ -52,9 +52,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         default=True,
         help="reuse state snapshots of earlier prompts' shared prefixes (default on)",
     )
-    p.add_argument(
-        "--prefix-block-size", type=int, default=64, help="prompt tokens per prefix-reuse block (64)"
-    )
+    p.add_argument("--prefix-block-size", type=int, default=16, help="tokens per prefix-reuse snapshot (16)")
     p.add_argument("--draft-model", default=None, help="draft model directory: speculative decoding")
     p.add_argument(
         "--num-speculative-tokens", type=int, default=3, help="tokens the draft proposes per step (3)"

@@ -82,6 +82,9 @@ class Engine:
         self.spec = CacheSpec.of_cache(self.runner.new_cache())
         self.budget = CacheBudget(self.spec, c.cache_budget_bytes, c.block_size)
         self.prefix = PrefixCache(self.budget, c.prefix_block_size, self.device) if c.prefix_cache else None
+        self.runner.taps = self.prefix is not None
+        if self.prefix is not None:
+            self.prefix.taps = not c.compile
         self.scheduler = Scheduler(
             self.budget,
             self.runner.new_cache,

@@ -28,7 +28,10 @@ class EngineConfig:
     quantize: str | None = None  # "int8" | "int4": weight-only, applied to the model at construction
     compile: bool = False  # torch.compile the decode and prefill steps (serve/compiled.py)
     prefix_cache: bool = True  # reuse snapshots of earlier prompts' block-aligned prefixes
-    prefix_block_size: int = 64  # prompt tokens per prefix block (snapshots sit at multiples of it)
+    # prefix reuse granularity: snapshots (recurrent states) every this many tokens, hits at its multiples
+    # (or a finished request's exact end); a multiple of the model's KDA chunk (16) for states inside a
+    # prefill chunk. Larger: fewer states (memory), more tokens re-prefilled per hit.
+    prefix_block_size: int = 16
     draft_model: str | None = None  # model directory of a draft for speculative decoding (from_dir)
     num_speculative_tokens: int = 3  # tokens the draft proposes per step
     # images per request and per image (serve/images.py: checked before any pixel is decoded)

@@ -76,6 +76,9 @@ class Request:
     cache: Cache | None = None  # own single-row cache while prefilling
     n_fed: int = 0
     block_hashes: list[bytes] = field(default_factory=list)  # prefix reuse: chained hash per block
+    taps: dict = field(
+        default_factory=dict
+    )  # prefix reuse: {prompt position: layer states} of the last chunk
     reused: int = 0  # prompt tokens restored from a prefix snapshot or a session's kept row
     session: Session | None = None  # keeps its cache row when the request finishes
     images: RequestImages | None = None  # the prompt's images (serve/prompt_images.py)

@@ -53,6 +53,9 @@ class ModelRunner:
         if self.speculator is not None:
             self.speculator.banned = self.banned
         self.batch: Cache | None = None  # the running rows, in the scheduler's ``running`` order
+        # prefix reuse: record recurrent states at chunk boundaries inside prefill calls (``r.taps``);
+        # not under --compile (a side effect inside the compiled graph)
+        self.taps = False
 
     def new_cache(self) -> Cache:
         """An empty one-row cache (the draft model's layers included when speculating)."""
@@ -91,13 +94,19 @@ class ModelRunner:
             [r.prompt_ids[r.n_fed : r.n_fed + n] for r in group], dtype=torch.long, device=self.device
         )  # [k, n]
         emb = chunk_embeds(self.model, [(r.images, r.n_fed, r.n_fed + n) for r in group])  # [m, d] | None
-        if len(group) == 1:
-            assert group[0].cache is not None
-            return self.last_logits(x, group[0].cache, emb)  # [1, V]
-        cache = Cache.stack([r.cache for r in group if r.cache is not None])
+        one = len(group) == 1
+        cache = group[0].cache if one else Cache.stack([r.cache for r in group if r.cache is not None])
+        assert cache is not None
+        tap = self.taps and self.compiled is None and any(r.block_hashes for r in group)
+        if tap:
+            cache.start_taps()
         logits = self.last_logits(x, cache, emb)  # [k, V]
-        for r, c in zip(group, cache.split(), strict=True):
-            r.cache = c
+        if tap:
+            for r, t in zip(group, cache.take_taps(), strict=True):
+                r.taps = {r.n_fed + p: states for p, states in t.items()}  # at absolute prompt positions
+        if not one:
+            for r, c in zip(group, cache.split(), strict=True):
+                r.cache = c
         return logits
 
     def decode(self, reqs: Sequence[Request], emit: Emit) -> list[int] | None:

@@ -187,6 +187,8 @@ class Scheduler:
             L = min(min(len(r.prompt_ids) - r.n_fed for r in group), max(1, cs // len(group)))
             if self.prefix is not None and group[0].block_hashes:
                 L = self.prefix.chunk(group[0], L)
+            if self.prefix is not None:
+                group, L = self.prefix.fit(group, L)
             plan.prefill, plan.chunk = group, L
         return plan
 
@@ -221,7 +223,8 @@ class Scheduler:
         leaves ``prefilling``; the caller chooses its first token, then calls ``prefilled``)."""
         r.n_fed += n
         if self.prefix is not None and r.cache is not None and r.block_hashes:
-            self.prefix.store(r.prompt_ids, r.block_hashes, r.cache, r.image_marks)
+            self.prefix.store(r.prompt_ids, r.block_hashes, r.cache, r.image_marks, r.taps)
+        r.taps = {}
         if r.n_fed < len(r.prompt_ids):
             return False
         if r.images is not None:
@@ -236,6 +239,7 @@ class Scheduler:
         if r.finish is None:
             self.joining.append(r)
         else:
+            self._keep_end(r, r.cache)
             self._keep_session(r, r.cache)
             r.cache = None
 
@@ -247,7 +251,7 @@ class Scheduler:
         """The membership change due now: finished rows leave, requests whose prefill ended join."""
         keep = [i for i, r in enumerate(self.running) if r.finish is None]
         kept = [
-            i for i, r in enumerate(self.running) if r.finish in ("stop", "length") and r.session is not None
+            i for i, r in enumerate(self.running) if r.finish in ("stop", "length") and self._keeps_row(r)
         ]
         stay = keep if len(keep) < len(self.running) else None
         return Regroup(stay, kept, [r.cache for r in self.joining])
@@ -256,6 +260,8 @@ class Scheduler:
         """Apply ``change`` once the runner did; ``rows``: the one-row caches of ``change.rows_kept``."""
         given = dict(zip(change.rows_kept, rows, strict=True))
         for i, r in enumerate(self.running):
+            if r.finish is not None:
+                self._keep_end(r, given.get(i))
             if r.finish is not None and r.session is not None:
                 self._keep_session(r, given.get(i))
         if change.keep is not None:
@@ -327,6 +333,15 @@ class Scheduler:
                 self.finish(r, reason, error=error)
         self.waiting.clear()
         self.prefilling, self.joining, self.running = [], [], []
+
+    def _keeps_row(self, r: Request) -> bool:
+        """Whether a finished request's row is wanted: a session keeps it, else a prefix snapshot of
+        the whole conversation so far (multi-turn chat: the next turn starts where this one ended)."""
+        return r.session is not None or self.prefix is not None
+
+    def _keep_end(self, r: Request, cache: Any) -> None:
+        if cache is not None and r.session is None and r.finish in ("stop", "length") and self._keeps_row(r):
+            self.prefix.store_end(r, cache)  # type: ignore[union-attr]
 
     def _keep_session(self, r: Request, cache: Any) -> None:
         """A finished session request leaves its row (which has seen all but its last token) behind."""

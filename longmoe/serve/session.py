@@ -7,10 +7,10 @@ the engine prefills just those, in chunks, on top of the kept row. With a consta
 a latent MLA cache the row is small, and a turn costs O(new tokens) instead of O(trajectory).
 
 Why keep the row rather than snapshot it into the prefix cache at the end of generation and let the
-resubmitted trajectory hit it: a recurrent state can only be cut where it was copied, and prefix
-snapshots sit at block-aligned lengths (``prefix_block_size``), so a resubmitted trajectory would
-re-prefill up to a block of old tokens every turn, hash and token-verify the whole trajectory, and
-rebuild the row from all its segments (an O(trajectory) copy); and a snapshot may be evicted. A kept
+resubmitted trajectory hit it: the prefix cache also keeps each finished request's end
+(``PrefixCache.store_end``), but a resubmitted trajectory would hash and token-verify the whole
+trajectory and rebuild the row from all its segments (an O(trajectory) copy), and a snapshot may be
+evicted. A kept
 row is exact (no block rounding), costs one row copy when it leaves and rejoins the batch, and is
 only dropped under memory pressure, in which case the next turn transparently re-prefills the
 session's tokens (same outputs, only slower). ``bench/rollout.py`` measures all three.

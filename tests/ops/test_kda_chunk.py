@@ -240,3 +240,41 @@ def test_chunk_backward_memory_is_linear_in_T():
             kda_chunk(*xs)
         saved.append(total[0])
     assert saved[1] <= 2.2 * saved[0], saved
+
+
+def test_chunk_states_equal_the_final_state_of_each_prefix():
+    """``return_chunk_states``: the state after every full chunk is what a call ending there returns."""
+    torch.manual_seed(0)
+    B, T, H, K, C = 2, 53, 2, 8, 16
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, K), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K), dim=-1)
+    v, beta = torch.randn(B, T, H, K), torch.rand(B, T, H)
+    g = -torch.rand(B, T, H, K) * 0.5
+    s0 = torch.randn(B, H, K, K)
+    for n in (T, 48, 16, 7):
+        _, final, states = kda_chunk(
+            q[:, :n],
+            k[:, :n],
+            v[:, :n],
+            g[:, :n],
+            beta[:, :n],
+            initial_state=s0,
+            output_final_state=True,
+            chunk_size=C,
+            return_chunk_states=True,
+        )
+        assert states.shape == (n // C, B, H, K, K)
+        for j in range(n // C):
+            _, want = kda_chunk(
+                q[:, : (j + 1) * C],
+                k[:, : (j + 1) * C],
+                v[:, : (j + 1) * C],
+                g[:, : (j + 1) * C],
+                beta[:, : (j + 1) * C],
+                initial_state=s0,
+                output_final_state=True,
+                chunk_size=C,
+            )
+            torch.testing.assert_close(states[j], want, rtol=1e-5, atol=1e-5)
+        if n % C == 0 and n:
+            torch.testing.assert_close(states[-1], final)

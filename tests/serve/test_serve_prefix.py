@@ -57,7 +57,8 @@ def test_multi_turn_and_shared_system_prompt_hit(model_dir, plain):
         out1 = e.generate(turn1, GREEDY).token_ids
         turn2 = turn1 + out1 + ids(4, 3)  # the next turn extends the whole conversation
         assert e.generate(turn2, GREEDY).token_ids == plain.generate(turn2, GREEDY).token_ids
-        assert e.stats()["prefix_tokens_reused"] == (len(turn1) - 1) // BS * BS
+        # the first turn's end was kept: the second prefills only what is new since then
+        assert e.stats()["prefix_tokens_reused"] == len(turn1) + len(out1) - 1
         other = system + ids(6, 4)  # another user, same system prompt
         assert e.generate(other, GREEDY).token_ids == plain.generate(other, GREEDY).token_ids
         assert e.stats()["prefix_hits"] == 2
@@ -111,23 +112,82 @@ def test_reusing_a_snapshot_never_changes_it(model_dir, plain):
         base = ids(33, 30)
         e.generate(base, GREEDY)
         assert e.prefix is not None
-        before = {
-            k: [[t.clone() for t in vars(s).values() if isinstance(t, torch.Tensor)] for s in n.segments]
-            for k, n in e.prefix.nodes.items()
-        }
+        before = {k: [t.clone() for t in tensors(n)] for k, n in e.prefix.nodes.items()}
         for tail in range(3):
             e.generate(base + ids(4, tail), SAMPLED)
         assert e.stats()["prefix_hits"] == 3
-        for k, segs in before.items():
-            node = e.prefix.nodes[k]
-            now = [[t for t in vars(s).values() if isinstance(t, torch.Tensor)] for s in node.segments]
-            assert all(
-                torch.equal(x, y)
-                for xs, ys in zip(segs, now, strict=True)
-                for x, y in zip(xs, ys, strict=True)
-            )
+        for k, old in before.items():
+            assert all(torch.equal(x, y) for x, y in zip(old, tensors(e.prefix.nodes[k]), strict=True))
         again = base + ids(4, 0)
         assert e.generate(again, GREEDY).token_ids == plain.generate(again, GREEDY).token_ids
+
+
+def tensors(node) -> list[torch.Tensor]:
+    states = [s for s in node.latents if s is not None]
+    states += [s for p in sorted(node.points) for s in node.points[p] if s is not None]
+    return [t for s in states for t in vars(s).values() if isinstance(t, torch.Tensor)]
+
+
+def other(t: int) -> int:
+    return 3 + (t - 3 + 1) % (VOCAB - 3)
+
+
+def test_hits_reach_within_one_chunk_of_the_shared_prefix_at_every_offset(model_dir, plain):
+    """Default blocks (16 = the KDA chunk): a prompt sharing ``p`` tokens with a stored one (any ``p``,
+    in the middle of a prefill chunk) restores a multiple of 16 in ``(p - 16, p]``; outputs unchanged."""
+    base = ids(140, 40)
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    prompts = [base[:p] + [other(base[p])] for p in range(129)]
+    with Engine.from_dir(model_dir, prefix_cache=False, prefill_chunk=8192) as e:
+        want = [c.token_ids for c in e.generate_batch(prompts, params)]
+    with Engine.from_dir(model_dir) as e:  # prefill_chunk 512: the states come from inside the chunk
+        e.generate(base, params)
+        got = [e.generate(p, params) for p in prompts]  # one by one: each hits the base's snapshots
+    assert [c.token_ids for c in got] == want
+    for p, c in enumerate(got):
+        assert c.cached_tokens % 16 == 0 and p - 15 <= c.cached_tokens <= p, (p, c.cached_tokens)
+
+
+def test_a_prompt_differing_at_one_token_never_gets_state_past_it(model_dir, plain):
+    base = ids(100, 41)
+    with Engine.from_dir(model_dir) as e:
+        e.generate(base, GREEDY)
+        for i in (0, 5, 15, 16, 17, 40, 63, 64, 98):
+            prompt = base[:i] + [other(base[i])] + base[i + 1 :]
+            c = e.generate(prompt, GREEDY)
+            assert c.cached_tokens <= i and c.cached_tokens >= i - 15, (i, c.cached_tokens)
+            assert c.token_ids == plain.generate(prompt, GREEDY).token_ids
+
+
+def test_short_prompts_hit(model_dir, plain):
+    with Engine.from_dir(model_dir) as e:
+        e.generate(ids(20, 42), GREEDY)
+        prompt = ids(20, 42)[:17] + [1, 2]
+        c = e.generate(prompt, GREEDY)
+        assert c.cached_tokens == 16
+        assert c.token_ids == plain.generate(prompt, GREEDY).token_ids
+
+
+def test_a_chat_turn_starts_where_the_last_one_ended(model_dir, plain):
+    with Engine.from_dir(model_dir) as e:
+        convo = ids(37, 43)
+        for turn in range(4):
+            c = e.generate(convo, GREEDY)
+            assert c.token_ids == plain.generate(convo, GREEDY).token_ids
+            if turn:  # everything but the new message (and the reply's last token, never fed) is reused
+                assert c.cached_tokens == len(convo) - 8 - 1, turn
+            convo = convo + c.token_ids + ids(8, 44 + turn)
+
+
+def test_eviction_under_pressure_keeps_outputs_identical(model_dir, plain):
+    with Engine.from_dir(model_dir) as probe:
+        need = probe.budget.spec.bytes_for(120, probe.budget.block_size)
+    with Engine.from_dir(model_dir, cache_budget_bytes=need + need // 3) as e:
+        prompts = [ids(100, 50 + i % 3) + ids(3, i) for i in range(9)]
+        for p in prompts:
+            assert e.generate(p, GREEDY).token_ids == plain.generate(p, GREEDY).token_ids
+        assert e.stats()["prefix_evictions"] > 0
+        assert e.budget.snapshot_bytes + e.budget.reserved_bytes <= e.budget.budget
 
 
 def test_prefix_cache_off_has_no_stats_and_block_size_validated(model_dir, plain):

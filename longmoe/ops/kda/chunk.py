@@ -120,7 +120,8 @@ def kda_chunk(
     cu_seqlens: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     intra: str = "factorised",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return_chunk_states: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None] | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Chunked KDA: the same result as ``kda_recurrent`` with all intra-chunk work as batched GEMMs.
 
     ``intra``: ``"factorised"`` (GEMMs; needs the in-chunk log-decay sum above ≈ −88, which the bounded
@@ -130,6 +131,9 @@ def kda_chunk(
     (``[N+1]`` LongTensor of document offsets, ``B == 1``) the state resets at every document boundary
     and ``initial_state`` / ``final_state`` are ``[N, H, K, V]``; otherwise ``[B, H, K, V]``.
     Returns ``(o [B, T, H, V] in v.dtype, final_state in fp32 (float64 for float64 inputs) or None)``.
+    ``return_chunk_states`` (no ``cu_seqlens``) adds a third output, the state after every full chunk
+    ``[n, B, H, K, V]`` (``[j]``: after the first ``(j+1)·C`` tokens, ``n = T // C``): what the scan
+    computes anyway, for prefix reuse to keep states at chunk boundaries without a second pass.
 
     Per chunk ``n`` (all chunks of all heads batched), with ``Γ`` the in-chunk cumulative log-decay::
 
@@ -147,6 +151,8 @@ def kda_chunk(
     if intra not in INTRA_MODES:
         raise ValueError(f"intra: expected one of {INTRA_MODES}, got {intra!r}")
     if cu_seqlens is not None:
+        if return_chunk_states:
+            raise ValueError("return_chunk_states: not supported with cu_seqlens")
         _check_cu_seqlens(cu_seqlens, B, T, q.device)
         n_docs = cu_seqlens.numel() - 1
         state_shape, state_expect = (n_docs, H, K, V), "[N, H, K, V] (N = len(cu_seqlens) - 1)"
@@ -165,6 +171,8 @@ def kda_chunk(
         final = None
         if output_final_state:
             final = q.new_zeros(state_shape, dtype=cdt) if initial_state is None else initial_state.to(cdt)
+        if return_chunk_states:
+            return v.new_zeros(B, T, H, V), final, q.new_zeros(0, B, H, K, V, dtype=cdt)
         return v.new_zeros(B, T, H, V), final
     new = {"device": q.device, "dtype": cdt}
     kq = torch.empty(N, G, 2, C, K, **new)  # K rows then Q rows of each chunk: one GEMM for both products
@@ -225,6 +233,14 @@ def kda_chunk(
             else:  # empty document: the state passes through unchanged
                 rows.append(q.new_zeros(G, K, V, dtype=cdt) if init is None else init[d])
         final = torch.stack(rows).reshape(state_shape)
+    if return_chunk_states:
+        n_full = T // C  # states[j] enters chunk j: after chunk j-1; the last full chunk's is its output
+        after = [s_in[j] for j in range(1, min(n_full, N - 1) + 1)]
+        if n_full == N:
+            after.append(s_out[N - 1])  # no cu_seqlens: the one document ends at the last chunk
+        empty = s_in.new_zeros(0, B, H, K, V)
+        chunk_states = torch.stack(after).reshape(n_full, B, H, K, V) if after else empty
+        return out, final, chunk_states
     return out, final
 
 
