@@ -13,9 +13,12 @@ One RL step:
    starting model; the KL is logged even when ``kl_coef`` is 0), then ``ppo_epochs`` passes of
    ``minibatches`` optimizer steps over the rollouts, each accumulating micro-batches of
    ``micro_batch`` trajectories, on the clipped loss with the k3 KL (``rl.loss``), normalised over
-   all policy tokens of the minibatch;
+   all policy tokens of the minibatch. With ``tis_cap`` (the default) the ratio is taken against the
+   trainer's own log-probs, recomputed by the update's forward before it (so the first ratio is
+   exactly 1), and each token is weighted by ``min(π_trainer / π_rollout, tis_cap)`` (TIS);
 4. **metrics** (``RUN/metrics.jsonl``): reward, success, malformed and truncated shares, episode
-   length, KL, clip share, grad norm, routing drift vs the reference on the step's policy tokens.
+   length, KL, clip share, grad norm, the engine/trainer log-prob mismatch (``mismatch_max``,
+   ``mismatch_mean``), routing drift vs the reference on the step's policy tokens.
 
 The run directory: ``rl_config.json``, ``tokenizer.json``, ``reference/`` (the frozen starting
 weights, written once), ``metrics.jsonl``, atomic ``checkpoints/step-N/`` (policy weights and
