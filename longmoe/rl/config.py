@@ -52,11 +52,9 @@ class RLConfig(JsonConfig):
     micro_batch: int = 8  # trajectories per forward (gradient accumulation; the loss is unchanged)
     clip_low: float = 0.2  # PPO: ratio clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.28  # (asymmetric: a higher ceiling keeps rare good tokens rising, as DAPO)
-    # truncated importance sampling: the PPO ratio is taken against the trainer's own log-probs before
-    # the update, and each token's policy-gradient term is weighted by min(π_trainer/π_rollout, tis_cap)
-    # (the engine's arithmetic differs from the trainer's in the last bits); None: ratio against the
-    # rollout's log-probs, no weights
-    tis_cap: float | None = 2.0
+    # TIS: the engine's arithmetic differs from the trainer's in the last bits (docs/agent.md), so the
+    # ratio is taken against the trainer's recompute and each token's pg term weighted (None: off)
+    tis_cap: float | None = 2.0  # truncated importance weight cap C: min(π_trainer/π_rollout, C); none: off
     kl_coef: float = 0.02  # weight of the k3 KL to the frozen reference (0: no KL term)
     step_adv_weight: float = 1.0  # ω: weight of the step-wise (GiGPO) advantage (0: episode only)
     gamma: float = 0.95  # discount of the terminal reward over turns (step-wise returns)
