@@ -42,6 +42,18 @@ def _bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
 
 
+OFF = object()  # an optional number turned off on the command line ("none")
+
+
+def _optional_float(s: str) -> float | object:
+    if s.lower() in ("none", "null", "off"):
+        return OFF
+    try:
+        return float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or none, got {s!r}") from None
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, help="the RL run directory (created, or resumed with --resume)")
     p.add_argument("--resume", action="store_true", help="continue the run from its newest checkpoint")
@@ -61,6 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, dest=f.name, type=_bool, nargs="?", const=True, help=h)
         elif t in (int, float, str):
             g.add_argument(flag, dest=f.name, type=t, help=h)
+        elif t == float | None:
+            g.add_argument(flag, dest=f.name, type=_optional_float, help=h + "; 'none' turns it off")
         elif f.name == "horizons":
             g.add_argument(flag, dest=f.name, type=int, nargs="+", help=h)
         else:  # dicts
@@ -88,7 +102,7 @@ def config_from_args(args: argparse.Namespace) -> RLConfig:
     for f in dataclasses.fields(RLConfig):
         v = getattr(args, f.name, None)
         if v is not None:
-            base[f.name] = v
+            base[f.name] = None if v is OFF else v
     for name in LEGACY_ENGINE_FIELDS:  # engine shortcuts win over --engine and the config file
         v = getattr(args, name, None)
         if v is not None:

@@ -2,16 +2,18 @@
 
 Written to ``RUN/rl_config.json`` and read back on ``--resume``, so a resumed run keeps its settings.
 The rollout engine's options are an embedded ``EngineConfig`` (``engine``); a run directory written
-before that, with ``max_batch`` / ``prefill_chunk`` at the top level, still loads (they move into it).
+before that, with ``max_batch`` / ``prefill_chunk`` at the top level, still loads (they move into it), and
+one written before ``tis_cap`` loads with it off (the update rule it ran with).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from longmoe.configio import JsonConfig, check_types
+from longmoe.configio import JsonConfig, check_types, load_json
 from longmoe.rl.loss import NORMS
 from longmoe.serve.engine_config import EngineConfig
 from longmoe.validation import check, is_positive_int
@@ -50,6 +52,9 @@ class RLConfig(JsonConfig):
     micro_batch: int = 8  # trajectories per forward (gradient accumulation; the loss is unchanged)
     clip_low: float = 0.2  # PPO: ratio clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.28  # (asymmetric: a higher ceiling keeps rare good tokens rising, as DAPO)
+    # TIS: the engine's arithmetic differs from the trainer's in the last bits (docs/agent.md), so the
+    # ratio is taken against the trainer's recompute and each token's pg term weighted (None: off)
+    tis_cap: float | None = 2.0  # truncated importance weight cap C: min(π_trainer/π_rollout, C); none: off
     kl_coef: float = 0.02  # weight of the k3 KL to the frozen reference (0: no KL term)
     step_adv_weight: float = 1.0  # ω: weight of the step-wise (GiGPO) advantage (0: episode only)
     gamma: float = 0.95  # discount of the terminal reward over turns (step-wise returns)
@@ -75,6 +80,14 @@ class RLConfig(JsonConfig):
                 d["engine"] = {**dataclasses.asdict(rl_engine_config()), **moved, **engine}
         return super().from_dict(d, where)  # type: ignore[misc]
 
+    @classmethod
+    def load(cls, path: str | Path) -> RLConfig:
+        """A run's ``rl_config.json``: one written before ``tis_cap`` existed keeps its update rule (off)."""
+        d = load_json(path)
+        if isinstance(d, dict) and "tis_cap" not in d:
+            d = {**d, "tis_cap": None}
+        return cls.from_dict(d, where=str(path))
+
     def engine_config(self) -> EngineConfig:
         """The engine the rollouts run on: ``engine`` with ``max_context`` (unless set) fitting an episode."""
         if self.engine.max_context is not None:
@@ -94,6 +107,8 @@ class RLConfig(JsonConfig):
         check(0 < self.lr < 1, "lr", self.lr, "a number in (0, 1)")
         check(0 <= self.clip_low < 1 and self.clip_high >= 0, "clip_low/clip_high",
                (self.clip_low, self.clip_high), "clip_low in [0, 1) and clip_high >= 0")  # fmt: skip
+        cap = self.tis_cap
+        check(cap is None or cap >= 1, "tis_cap", cap, "None (off) or a number >= 1")
         check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
         check(self.step_adv_weight >= 0, "step_adv_weight", self.step_adv_weight, "a number >= 0")
         check(0 < self.gamma <= 1, "gamma", self.gamma, "a number in (0, 1]")

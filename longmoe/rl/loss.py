@@ -9,6 +9,13 @@ reference log-prob ``ℓ_ref``::
     k3   = exp(ℓ_ref − ℓ) − (ℓ_ref − ℓ) − 1          (≥ 0, unbiased for KL(π‖π_ref), 0 when equal)
     loss = pg + β·k3
 
+With a truncated importance-sampling correction (TIS, ``tis`` weights from ``tis_weights``), ``ℓ_old`` is
+the trainer's own log-prob before the update and each token's ``pg`` is multiplied by
+``w = min(π_old(a) / π_rollout(a), C)``: the tokens were sampled by the engine, whose arithmetic (a
+recurrent KDA step, absorbed MLA decode, batched rows) differs from the trainer's in the last bits, so
+the samples come from ``π_rollout``, not ``π_old``; ``w`` reweights them, capped so a rare token the
+engine under-weighted cannot blow up the gradient. Equal log-probs give ``w = 1`` exactly.
+
 Observation tokens (and padding) have mask 0 and contribute nothing. ``norm="token"`` averages over
 every policy token of the batch (long turns weigh by their length, as DAPO argues);
 ``norm="sequence"`` averages each trajectory's tokens first, then the trajectories (GRPO's original).
@@ -30,6 +37,16 @@ class LossParts:
     kl: float  # mean k3 over policy tokens
     clip_frac: float  # share of policy tokens whose ratio was clipped
     ratio: float  # mean ratio over policy tokens
+    tis: float = 1.0  # mean TIS weight over policy tokens (1 without the correction)
+
+
+def tis_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance weights ``min(exp(ℓ_old − ℓ_rollout), cap)`` (elementwise, no gradient):
+    exactly 1 where the two log-probs are bitwise equal."""
+    if not cap > 0:
+        raise ValueError(f"cap: expected a number > 0, got {cap!r}")
+    with torch.no_grad():
+        return torch.exp(old_logp - rollout_logp).clamp(max=cap)
 
 
 def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -48,14 +65,18 @@ def policy_loss(
     clip_high: float = 0.2,
     kl_coef: float = 0.0,
     norm: str = "token",
+    tis: torch.Tensor | None = None,
 ) -> LossParts:
-    """All inputs ``[B, T]`` (``mask`` bool/0-1: policy tokens); see the module docstring."""
+    """All inputs ``[B, T]`` (``mask`` bool/0-1: policy tokens; ``tis``: per-token TIS weights or None);
+    see the module docstring."""
     if norm not in NORMS:
         raise ValueError(f"norm: expected one of {NORMS}, got {norm!r}")
     m = mask.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     pg_tok = -torch.minimum(ratio * adv, clipped * adv)
+    if tis is not None:
+        pg_tok = pg_tok * tis.detach()
     kl_tok = k3(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
     per_tok = pg_tok + kl_coef * kl_tok
 
@@ -74,5 +95,6 @@ def policy_loss(
             float((kl_tok * m).sum() / n),
             float(was_clipped.sum() / n),
             float((ratio * m).sum() / n),
+            1.0 if tis is None else float((tis * m).sum() / n),
         )
     return LossParts(reduce(per_tok), *stats)

@@ -13,9 +13,12 @@ One RL step:
    starting model; the KL is logged even when ``kl_coef`` is 0), then ``ppo_epochs`` passes of
    ``minibatches`` optimizer steps over the rollouts, each accumulating micro-batches of
    ``micro_batch`` trajectories, on the clipped loss with the k3 KL (``rl.loss``), normalised over
-   all policy tokens of the minibatch;
+   all policy tokens of the minibatch. With ``tis_cap`` (the default) the ratio is taken against the
+   trainer's own log-probs, recomputed by the update's forward before it (so the first ratio is
+   exactly 1), and each token is weighted by ``min(π_trainer / π_rollout, tis_cap)`` (TIS);
 4. **metrics** (``RUN/metrics.jsonl``): reward, success, malformed and truncated shares, episode
-   length, KL, clip share, grad norm, routing drift vs the reference on the step's policy tokens.
+   length, KL, clip share, grad norm, the engine/trainer log-prob mismatch (``mismatch_max``,
+   ``mismatch_mean``), routing drift vs the reference on the step's policy tokens.
 
 The run directory: ``rl_config.json``, ``tokenizer.json``, ``reference/`` (the frozen starting
 weights, written once), ``metrics.jsonl``, atomic ``checkpoints/step-N/`` (policy weights and
@@ -43,7 +46,7 @@ from longmoe.envs.seeds import train_task_seed
 from longmoe.model import LongMoE
 from longmoe.rl.advantage import turn_advantages
 from longmoe.rl.config import REFERENCE_DIR, RL_CONFIG, RLConfig
-from longmoe.rl.loss import policy_loss
+from longmoe.rl.loss import policy_loss, tis_weights
 from longmoe.runlog import append_metrics, truncate_metrics
 from longmoe.serve.engine import Engine
 from longmoe.train.drift import freeze_routing, measure_drift
@@ -88,6 +91,14 @@ def token_logprobs(model: LongMoE, ids: torch.Tensor) -> torch.Tensor:
     """``log p(ids[:, j+1] | ids[:, :j+1])`` for every position: ``[B, T-1]`` (fp32)."""
     logits = model(ids).logits[:, :-1].float()
     return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+
+
+def mismatch(micro: Sequence[dict[str, torch.Tensor]], trainer: Sequence[torch.Tensor]) -> dict[str, float]:
+    """``mismatch_max`` / ``mismatch_mean``: |trainer − rollout| log-prob over the policy tokens."""
+    d = torch.cat([(t - m["old_logp"])[m["mask"]].abs() for m, t in zip(micro, trainer, strict=True)])
+    if not d.numel():
+        return {"mismatch_max": 0.0, "mismatch_mean": 0.0}
+    return {"mismatch_max": float(d.max()), "mismatch_mean": float(d.mean())}
 
 
 def rollout_summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
@@ -208,8 +219,26 @@ class RLTrainer:
         micro = [token_tensors(trajs[i : i + mb], advs[i : i + mb]) for i in range(0, len(trajs), mb)]
         with torch.no_grad():
             ref = [token_logprobs(self.reference, m["input_ids"]) for m in micro]
+        old = self.trainer_logprobs(micro)
+        out = mismatch(micro, old)
+        tis: list[torch.Tensor | None] = [None] * len(micro)
+        if cfg.tis_cap is not None:  # PPO against the trainer's own log-probs, TIS against the engine's
+            tis = [tis_weights(o, m["old_logp"], cfg.tis_cap) for o, m in zip(old, micro, strict=True)]
+            capped = sum(
+                float(((w >= cfg.tis_cap) & m["mask"]).sum()) for w, m in zip(tis, micro, strict=True)
+            )
+            out["tis_capped"] = capped / max(1.0, float(sum(m["mask"].sum() for m in micro)))
+            for m, o in zip(micro, old, strict=True):
+                m["old_logp"] = o
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
-        sums: dict[str, float] = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio": 0.0}
+        sums: dict[str, float] = {
+            "loss": 0.0,
+            "pg": 0.0,
+            "kl": 0.0,
+            "clip_frac": 0.0,
+            "ratio": 0.0,
+            "tis": 0.0,
+        }
         n_opt, norms, skipped = 0, [], 0
         self.policy.train()
         for _ in range(cfg.ppo_epochs):
@@ -228,13 +257,13 @@ class RLTrainer:
                     logp = token_logprobs(self.policy, m["input_ids"])
                     lp = policy_loss(
                         logp, m["old_logp"], ref[k], m["adv"], m["mask"],
-                        cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.loss_norm,
+                        cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.loss_norm, tis[k],
                     )  # fmt: skip
                     size = m["mask"].sum() if cfg.loss_norm == "token" else (m["mask"].sum(1) > 0).sum()
                     w = float(size) / max(total, 1.0)
                     (lp.loss * w).backward()
                     sums["loss"] += float(lp.loss.detach()) * w
-                    for key in ("pg", "kl", "clip_frac", "ratio"):
+                    for key in ("pg", "kl", "clip_frac", "ratio", "tis"):
                         sums[key] += getattr(lp, key) * w
                     mb_kl += lp.kl * w
                 clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
@@ -259,9 +288,19 @@ class RLTrainer:
         self.policy.eval()
         if self.engine.prefix is not None:
             self.engine.prefix.clear()  # snapshots hold the old weights' states
-        out = {k: v / max(n_opt, 1) for k, v in sums.items()}
+        out.update({k: v / max(n_opt, 1) for k, v in sums.items()})
         out["grad_norm"] = sum(norms) / max(len(norms), 1)
         out["skipped_updates"] = skipped
+        return out
+
+    def trainer_logprobs(self, micro: Sequence[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """The policy's log-probs of the rollouts before the update, by the very forward the update
+        runs (train mode, grad enabled, the same micro-batches), so the first minibatch's PPO ratio is
+        exactly 1; the pass's balancer counts are discarded (it is not an optimizer step)."""
+        self.policy.train()
+        out = [token_logprobs(self.policy, m["input_ids"]).detach() for m in micro]
+        for layer in self.policy.moe_layers():
+            layer.discard_step_counts()
         return out
 
     def drift(self, trajs: Sequence[Trajectory]) -> dict[str, Any]:

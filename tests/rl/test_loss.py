@@ -1,4 +1,5 @@
-"""The clipped policy loss on hand numbers, KL = 0 when the policy is the reference, masks, norms."""
+"""The clipped policy loss on hand numbers, KL = 0 when the policy is the reference, masks, norms, the
+truncated importance-sampling (TIS) weights."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import pytest
 import torch
 
-from longmoe.rl.loss import k3, policy_loss
+from longmoe.rl.loss import k3, policy_loss, tis_weights
 
 
 def test_ppo_clip_hand_numbers():
@@ -70,3 +71,34 @@ def test_token_vs_sequence_normalisation():
     assert float(seq.loss) == pytest.approx((-1 + 1) / 2)  # every trajectory weighs the same
     with pytest.raises(ValueError, match="norm"):
         policy_loss(logp, logp, None, adv, mask, norm="batch")
+
+
+def test_tis_weighted_loss_equals_hand_computation_and_cap_applies():
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.4, 0.3]]))  # the trainer's log-probs before the update
+    rollout = torch.log(torch.tensor([[0.25, 0.4, 0.4, 0.05]]))  # the engine's (sampling) log-probs
+    w = tis_weights(old, rollout, cap=2.0)
+    # π_old / π_rollout = 2, 0.5, 1, 6 -> capped at 2
+    assert torch.allclose(w, torch.tensor([[2.0, 0.5, 1.0, 2.0]]))
+    assert float(w[0, 3]) == 2.0  # exactly the cap
+    logp = old + torch.log(torch.tensor([[1.5, 1.0, 0.5, 1.1]]))  # ratios to π_old 1.5, 1, 0.5, 1.1
+    adv = torch.tensor([[1.0, -1.0, 1.0, -1.0]])
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    out = policy_loss(logp, old, None, adv, mask, clip_low=0.2, clip_high=0.2, tis=w)
+    # -min(ρA, clip(ρ)A) per token: -1.2, 1.0, -0.5, 1.1; times w: -2.4, 0.5, -0.5, 2.2
+    assert float(out.loss) == pytest.approx((-2.4 + 0.5 - 0.5 + 2.2) / 4, abs=1e-6)
+    assert out.tis == pytest.approx(5.5 / 4)
+    high = tis_weights(old, rollout, cap=10.0)
+    assert float(high[0, 3]) == pytest.approx(6.0)  # a higher cap lets the weight through
+    with pytest.raises(ValueError, match="cap"):
+        tis_weights(old, rollout, cap=0.0)
+
+
+def test_tis_weights_exactly_one_when_logprobs_bitwise_equal():
+    lp = torch.log_softmax(torch.randn(3, 6, 11), -1)[..., 0]
+    w = tis_weights(lp, lp.clone(), cap=2.0)
+    assert torch.equal(w, torch.ones_like(lp))
+    logp = (lp + 0.01 * torch.randn_like(lp)).requires_grad_(True)
+    adv, mask = torch.randn(3, 6), torch.rand(3, 6) > 0.3
+    a = policy_loss(logp, lp, lp, adv, mask, kl_coef=0.1, tis=w)
+    b = policy_loss(logp, lp, lp, adv, mask, kl_coef=0.1)
+    assert torch.equal(a.loss, b.loss) and a.tis == 1.0  # the correction is then a no-op, bit for bit

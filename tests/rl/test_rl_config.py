@@ -1,5 +1,6 @@
 """RLConfig embeds the rollout engine's EngineConfig: RL defaults for unset engine fields, the old
-top-level engine fields of an existing run directory still load, and the CLI shortcuts reach it."""
+top-level engine fields of an existing run directory still load, and the CLI shortcuts reach it;
+``tis_cap`` (default 2, off with none, off for a run written before it)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,20 @@ def test_cli_engine_flags_override_the_config_file(tmp_path):
     args = p.parse_args([str(tmp_path / "run"), "--config", str(tmp_path / "rl.json"), "--max-batch", "2"])
     cfg = config_from_args(args)
     assert (cfg.engine.max_batch, cfg.engine.prefill_chunk) == (2, 32)
+
+
+def test_tis_cap_defaults_to_2_is_validated_and_the_cli_turns_it_off(tmp_path):
+    assert RLConfig().tis_cap == 2.0 and RLConfig(tis_cap=None).tis_cap is None
+    with pytest.raises(ConfigError, match="tis_cap"):
+        RLConfig(tis_cap=0.5)
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert config_from_args(p.parse_args([str(tmp_path / "r"), "--tis-cap", "3"])).tis_cap == 3.0
+    assert config_from_args(p.parse_args([str(tmp_path / "r"), "--tis-cap", "none"])).tis_cap is None
+
+
+def test_a_run_config_written_before_tis_loads_with_it_off(tmp_path):
+    (tmp_path / "rl_config.json").write_text(json.dumps({"init": "sft/final", "steps": 5}))
+    assert RLConfig.load(tmp_path / "rl_config.json").tis_cap is None
+    RLConfig(tis_cap=4.0).save(tmp_path / "new.json")
+    assert RLConfig.load(tmp_path / "new.json").tis_cap == 4.0

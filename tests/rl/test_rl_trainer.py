@@ -61,6 +61,7 @@ def test_steps_log_metrics_kl_starts_at_zero_and_rollouts_use_the_updated_policy
     assert rec["kl"] > 1e-6  # the policy has moved away from the reference ...
     assert rec["ratio"] == pytest.approx(1.0, abs=1e-2)  # ... and the engine sampled from the moved one
     assert "drift_changed_mean" in rec and rec["rollout_tok_s"] > 0
+    assert 0.0 <= rec["mismatch_mean"] <= rec["mismatch_max"] < 1e-3  # engine vs trainer log-probs
     assert (tmp_path / "run" / "final" / WEIGHTS_FILE).exists()
 
 
@@ -120,3 +121,42 @@ def test_no_signal_no_step(init_dir, tmp_path):
         assert torch.equal(v, before[k]), k
     for m, b in zip(tr.policy.moe_layers(), bias, strict=True):
         assert torch.equal(m.bias, b)
+
+
+def test_tis_ratio_is_exactly_one_at_the_first_update_and_weights_one_on_equal_logprobs(init_dir, tmp_path):
+    # one micro-batch, one minibatch: the PPO ratio is taken against the trainer's own forward, so the
+    # first (only) update sees ρ = 1 bit for bit, whatever the engine's last bits were
+    tr = RLTrainer(
+        tmp_path / "run", config(init_dir, steps=1, minibatches=1, micro_batch=8), env_factory=fake
+    )
+    try:
+        trajs = tr.rollouts()
+        advs = tr.advantages(trajs)
+        micro = [token_tensors(trajs, advs)]
+        trainer = tr.trainer_logprobs(micro)[0]
+        mask = micro[0]["mask"]
+        for t, row in zip(trajs, trainer, strict=True):  # the rollout log-probs := the trainer's, bitwise
+            t.logprobs = [0.0] + row[: len(t.ids) - 1].tolist()
+        assert all(float(layer.step_counts.sum()) == 0 for layer in tr.policy.moe_layers())  # discarded
+        rec = tr.update(trajs, advs)
+        assert rec["ratio"] == 1.0 and rec["tis"] == 1.0 and rec["tis_capped"] == 0.0
+        assert rec["mismatch_max"] == 0.0 and rec["mismatch_mean"] == 0.0 and bool(mask.any())
+    finally:
+        tr.close()
+
+
+def test_tis_off_takes_the_ratio_against_the_rollout_logprobs(init_dir, tmp_path):
+    tr = RLTrainer(
+        tmp_path / "run",
+        config(init_dir, steps=1, minibatches=1, micro_batch=8, tis_cap=None),
+        env_factory=fake,
+    )
+    try:
+        trajs = tr.rollouts()
+        for t in trajs:  # rollout log-probs 0.1 above the truth: ratio e^{-0.1} on policy tokens
+            t.logprobs = [lp + 0.1 if m else 0.0 for lp, m in zip(t.logprobs, t.policy_mask, strict=True)]
+        rec = tr.update(trajs, tr.advantages(trajs))
+        assert rec["ratio"] == pytest.approx(0.9048, abs=1e-3) and rec["tis"] == 1.0
+        assert rec["mismatch_mean"] == pytest.approx(0.1, abs=1e-3)
+    finally:
+        tr.close()

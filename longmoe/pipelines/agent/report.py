@@ -51,6 +51,10 @@ def rl_summary(run: Path, window: int = SUMMARY_STEPS) -> dict[str, Any]:
         "kl_last": mean(tail, "kl"),
         "drift_changed_last": mean(tail, "drift_changed_mean"),
         "drift_load_tv_last": mean(tail, "drift_load_tv_mean"),
+        "mismatch_max_last": max(
+            (r["mismatch_max"] for r in tail if "mismatch_max" in r), default=float("nan")
+        ),
+        "mismatch_mean_last": mean(tail, "mismatch_mean"),
     }
 
 
@@ -175,6 +179,13 @@ def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]
         else "Compare arms by their mean over seeds; a gap inside the seed spread does not rank them."
     )
     lines += ["", f"Ablations: {cfg.ablation_seeds} RL seed(s) each. {rank}"]
+    mism = "; ".join(
+        f"{k} max {s['mismatch_max_last']:.2g}, mean {s['mismatch_mean_last']:.2g}"
+        for k, s in summaries.items()
+    )
+    lines += ["", f"Rollout vs trainer log-probs of the sampled tokens (|Δ log p|, last {w} steps; "
+              "the update takes PPO's ratio against the trainer's own and corrects the rest by TIS): "
+              f"{mism}."]  # fmt: skip
     lines += ["", "Curves: `rl_*/rl_curves.png` (reward, success, KL, drift, episode length); success vs "
               "horizon: `success.png`.", ""]  # fmt: skip
     plot_success(evals, root / "success.png")
