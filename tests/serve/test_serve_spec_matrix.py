@@ -3,7 +3,8 @@
 format (text, a JSON-schema grammar, a forced tool call) x images in the prompt (a vision target with
 a text-only draft). The default run covers every pair of factor values (a greedy pairwise design);
 the whole product is ``slow``. The target is moved off init and the draft is a noisy copy, so every
-cell sees rejected drafts, rolled-back caches and (in grammar cells) rolled-back grammar matchers."""
+cell sees rejected drafts, rolled-back caches and (in grammar cells) rolled-back grammar matchers;
+the constraints themselves roll back to exactly the state they had."""
 
 from __future__ import annotations
 
@@ -241,3 +242,29 @@ def test_default_cells_cover_every_pair():
         seen = {(c[a], c[b]) for c in DEFAULT}
         assert seen == set(itertools.product(FACTORS[a], FACTORS[b])), (a, b)
     assert len(DEFAULT) < len(ALL) // 10
+
+
+def test_constraints_roll_back_to_the_state_they_had(engines, tok):
+    """What speculation relies on: after accepting a whole document and rolling back to any length,
+    a grammar (and a forced call) masks and completes exactly as one that accepted only that prefix."""
+    doc = tok.encode('{"name": "ab\u00e9", "n": 7, "tag": "red"}', bos=False)
+    call = [tok.token_to_id(TOOL_CALL), *tok.encode('{"name": "ping", "arguments": {}}', bos=False)]
+    for fmt, ids in (("json", doc), ("tool", call)):
+        make = params(engines, fmt).constraint
+        assert make is not None
+        full = make()
+        for t in ids:
+            full.accept(t)
+        assert full.done
+        for i in range(len(ids), -1, -1):
+            fresh = make()
+            for t in ids[:i]:
+                fresh.accept(t)
+            a, b = torch.zeros(VOCAB), torch.zeros(VOCAB)
+            full.mask(a)
+            fresh.mask(b)
+            assert torch.equal(a, b) and full.done == fresh.done, (fmt, i)
+            if i:
+                full.rollback(1)
+        with pytest.raises(ValueError, match="rollback"):
+            full.rollback(1)
