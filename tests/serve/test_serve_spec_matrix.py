@@ -38,7 +38,7 @@ FACTORS: dict[str, list] = {
 BLOCK = 4  # prefix_block_size of the speculative engines
 CHUNK = 16  # their prefill_chunk: a "chunked" prompt is longer
 SHARED = 8  # tokens a "partial" hit shares with an earlier prompt (< every prompt's last boundary)
-DRAFT_NOISE = 0.05  # on the draft's LM head: it disagrees with the target often, agrees at times
+DRAFT_NOISE = 0.1  # on the draft's LM head: it disagrees with the target often, agrees at times
 SCHEMA = {
     "type": "object",
     "properties": {
