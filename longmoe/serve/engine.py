@@ -205,8 +205,6 @@ class Engine:
 
     def open_session(self) -> Session:
         """A new conversation whose requests continue one another on a kept cache row."""
-        if self.speculator is not None:
-            raise EngineError("session", "sessions are not supported with speculative decoding")
         return Session()
 
     def close_session(self, session: Session) -> None:

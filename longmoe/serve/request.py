@@ -126,6 +126,12 @@ class Request:
         )
 
     @property
+    def keeps_row(self) -> bool:
+        """Whether the finished request's cache row lives on (a session's next turn continues it; the
+        scheduler's ``_keep_session``): it must then have seen exactly ``prompt_ids + out[:-1]``."""
+        return self.session is not None and self.finish in ("stop", "length")
+
+    @property
     def image_marks(self) -> tuple[Mark, ...]:
         """What prefix keys add for the prompt's images: ``(first patch position, pixel digest)``."""
         return self.images.marks if self.images is not None else ()

@@ -28,12 +28,18 @@ class TokenConstraint(Protocol):
     """A per-request rule over which tokens may come next (e.g. a grammar, ``serve/structured.py``).
 
     The sampler calls ``mask`` on the logits before any other processing, ``accept`` with each
-    chosen token, and the engine ends the request with ``"stop"`` once ``done`` is true."""
+    chosen token, and the engine ends the request with ``"stop"`` once ``done`` is true. Speculative
+    decoding also accepts a draft's proposals (so each is masked in the state it would be read in) and
+    rolls them back (``rollback``) before the target verifies; a constraint without ``rollback`` gets
+    its drafts masked in the state before drafting (then fewer of them are kept, the output is the same)."""
 
     def mask(self, logits: torch.Tensor) -> None:
         """Set the logits ``[V]`` of every token not allowed next to ``-inf``, in place."""
 
     def accept(self, token: int) -> None: ...
+
+    def rollback(self, n: int) -> None:
+        """Forget the last ``n`` accepted tokens (as if they had never been accepted)."""
 
     @property
     def done(self) -> bool: ...

@@ -21,7 +21,16 @@ One decode step for a batch whose rows each end in their last token ``t``:
    truncated, KDA states and conv tails cannot (a recurrent state has no per-token history), so the
    step takes a ``Cache.mark`` (copies of the recurrent layers) before drafting and **replays**:
    ``Cache.rewind`` returns the row to the mark, and one forward per distinct ``n`` feeds
-   ``[t, d_1..d_n]`` again to both models. Rows that kept everything need nothing.
+   ``[t, d_1..d_n]`` again to both models. Rows that kept everything need nothing. A row that
+   finishes leaves the batch as it is, unless its row lives on (a session's kept row,
+   ``Request.keeps_row``): it is rolled back to all its tokens but the last, as any row after a step.
+
+Constrained rows (a grammar, a forced tool call: ``SamplingParams.constraint``): each proposal is
+masked by the constraint in the state it would be read in (the constraint accepts the row's drafts
+as they are proposed), then the drafts are rolled back (``TokenConstraint.rollback``) and the target's
+tokens are masked and accepted one by one as without a draft, so a draft can only propose what the
+grammar allows and the output is the target's. A draft that closes the document proposes the rest
+unmasked (those tokens are never kept: the row finishes at the closing token).
 
 Snapshot + replay was chosen over keeping per-position states of the verify pass because it needs no
 change to the layers or operators; ``bench/serve.py`` measures what the replay costs.
@@ -135,13 +144,19 @@ class Speculator:
         last = torch.tensor([[r.out[-1]] for r in reqs], dtype=torch.long, device=dev)  # [B, 1]
         view = self._draft_view(cache)
         qs: list[list[torch.Tensor]] = [[] for _ in reqs]
+        ahead = [0] * len(reqs)  # drafts each row's constraint accepted (taken back before verifying)
+        closed = [False] * len(reqs)  # the row's drafts closed its constraint (the rest goes unmasked)
         drafted: list[list[int]] = []
         x = last
         for j in range(k + 1):
             logits = self._ban(self.draft(x, cache=view).logits[:, 0].float())  # [B, V]
             if j < k:
-                drafted.append(self._propose(reqs, logits, qs))
+                drafted.append(self._propose(reqs, logits, qs, ahead, closed))
                 x = torch.tensor(drafted[-1], dtype=torch.long, device=dev)[:, None]
+        for r, n in zip(reqs, ahead, strict=True):
+            if n:
+                assert r.sampler is not None and r.sampler.constraint is not None
+                r.sampler.constraint.rollback(n)
         D = torch.tensor(drafted, dtype=torch.long, device=dev).T  # [B, k]
         target_logits = self._ban(
             self.target(torch.cat([last, D], dim=1), cache=cache).logits.float()
@@ -149,29 +164,57 @@ class Speculator:
         argmax = target_logits.argmax(-1).tolist()  # [B][k+1]
         kept = []
         for b, r in enumerate(reqs):
+            before = len(r.out)
             accepted, judged = self._verify(r, target_logits[b], argmax[b], drafted, b, qs[b], emit)
             self.stats.accepted += accepted
             self.stats.proposed += judged
-            kept.append(k if r.finish is not None else accepted)  # a finished row leaves: no rollback
+            # the row has consumed [t, d_1..d_k]; it must keep [t, new tokens but the last]: a running
+            # row or a kept finished one; any other finished row leaves as it is (no rollback)
+            alive = r.finish is None or r.keeps_row
+            kept.append(len(r.out) - before - 1 if alive else k)
         self.stats.steps += 1
         self.stats.rows += len(reqs)
         return self._rollback(reqs, cache, mark, last, D, kept)
 
     def _propose(
-        self, reqs: Sequence[Request], logits: torch.Tensor, qs: list[list[torch.Tensor]]
+        self,
+        reqs: Sequence[Request],
+        logits: torch.Tensor,
+        qs: list[list[torch.Tensor]],
+        ahead: list[int],
+        closed: list[bool],
     ) -> list[int]:
+        """One draft token per row from the draft's ``logits [B, V]``; sampled rows record ``q``.
+
+        A constraint that can roll back accepts each proposal (``ahead``), so the next one is masked
+        in the state after it; once the drafts close it (``closed``) the row's proposals are the raw
+        argmax (``q`` one-hot: still a valid proposal for the acceptance test)."""
         toks = logits.argmax(-1).tolist()
         for b, r in enumerate(reqs):
             if r.plain_greedy:
                 continue
-            assert r.sampler is not None
-            x = process_logits(logits[b], r.sampler)  # penalties as of the last accepted token
+            st = r.sampler
+            assert st is not None
+            c = st.constraint
+            if closed[b]:
+                if not r.params.greedy:
+                    qs[b].append(
+                        torch.zeros_like(logits[b]).index_fill_(
+                            0, torch.tensor([toks[b]], device=logits.device), 1.0
+                        )
+                    )
+                continue
+            x = process_logits(logits[b], st)  # penalties as of the last accepted token
             if r.params.greedy:
                 toks[b] = int(x.argmax())
             else:
                 q = torch.softmax(x, dim=-1)
-                toks[b] = int(torch.multinomial(q, 1, generator=r.sampler.generator))
+                toks[b] = int(torch.multinomial(q, 1, generator=st.generator))
                 qs[b].append(q)
+            if c is not None and hasattr(c, "rollback"):
+                c.accept(toks[b])
+                ahead[b] += 1
+                closed[b] = c.done
         return toks
 
     def _verify(

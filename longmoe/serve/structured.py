@@ -91,6 +91,7 @@ class GrammarConstraint:
         self.vocab_size = vocab_size
         self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self.utf8, self.utf8_state = utf8, UTF8_ACCEPT
+        self._utf8_before: list[int] = []  # the UTF-8 state before each accepted token (for rollback)
         self._done = False
 
     def mask(self, logits: torch.Tensor) -> None:
@@ -110,10 +111,24 @@ class GrammarConstraint:
     def accept(self, token: int) -> None:
         if not self.matcher.accept_token(token):
             raise RuntimeError(f"token {token} violates the grammar (the sampler ignored its mask)")
-        self.utf8_state = self.utf8.advance(self.utf8_state, token)
-        if self.utf8_state == UTF8_INVALID:
+        state = self.utf8.advance(self.utf8_state, token)
+        if state == UTF8_INVALID:
+            self.matcher.rollback(1)
             raise RuntimeError(f"token {token} is not well-formed UTF-8 here (the sampler ignored its mask)")
+        self._utf8_before.append(self.utf8_state)
+        self.utf8_state = state
         # complete: the document is closed (the stop token was accepted, or nothing may follow)
+        self._done = self.matcher.is_terminated() or self.matcher.is_completed()
+
+    def rollback(self, n: int) -> None:
+        """Forget the last ``n`` accepted tokens (speculative decoding: rejected drafts)."""
+        if n <= 0:
+            return
+        if n > len(self._utf8_before):
+            raise ValueError(f"rollback: {n} tokens but only {len(self._utf8_before)} were accepted")
+        self.matcher.rollback(n)
+        self.utf8_state = self._utf8_before[-n]
+        del self._utf8_before[-n:]
         self._done = self.matcher.is_terminated() or self.matcher.is_completed()
 
     @property

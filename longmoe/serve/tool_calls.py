@@ -59,6 +59,7 @@ class ForcedCall:
 
     def __init__(self, prefix: list[int], then: TokenConstraint) -> None:
         self.prefix, self.then, self.pos = list(prefix), then, 0
+        self.then_accepted = 0  # tokens ``then`` accepted (``rollback`` splits ``n`` between the two)
 
     def mask(self, logits: torch.Tensor) -> None:
         if self.pos < len(self.prefix):
@@ -76,6 +77,16 @@ class ForcedCall:
             self.pos += 1
         else:
             self.then.accept(token)
+            self.then_accepted += 1
+
+    def rollback(self, n: int) -> None:
+        if n > self.pos + self.then_accepted:
+            raise ValueError(f"rollback: {n} tokens but only {self.pos + self.then_accepted} were accepted")
+        m = min(n, self.then_accepted)
+        if m:
+            self.then.rollback(m)
+            self.then_accepted -= m
+        self.pos -= n - m
 
     @property
     def done(self) -> bool:
@@ -92,6 +103,9 @@ class BannedTokens:
         logits[self.ids.to(logits.device)] = float("-inf")
 
     def accept(self, token: int) -> None:
+        pass
+
+    def rollback(self, n: int) -> None:
         pass
 
     @property

@@ -1,10 +1,12 @@
 """Speculative decoding: greedy output identical to plain decoding (many prompts, k in {1, 3, 5},
 batched rows with different acceptance lengths), the rejection-sampling correction keeps the target
 distribution (chi-square, with a check that a wrong correction fails it), sampled engine output
-matches the target's exact next-token marginal, stats and validation."""
+matches the target's exact joint of two speculated tokens (also after a prefix hit and under a
+grammar), stats and validation. ``test_serve_spec_matrix.py`` crosses it with every other feature."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -14,6 +16,7 @@ from longmoe.model import LongMoE
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplerState, SamplingParams, process_logits
 from longmoe.serve.speculative import accept_or_resample, truncated_draft
+from longmoe.serve.structured import JsonFormat, JsonGrammars
 from tests.helpers.models import VOCAB, tiny_model
 
 # chi-square critical values at p = 0.001 by degrees of freedom (a correct sampler fails 1 in 1000)
@@ -33,6 +36,21 @@ CHI2_999 = {
     13: 34.53,
     14: 36.12,
     15: 37.70,
+    16: 39.25,
+    17: 40.79,
+    18: 42.31,
+    19: 43.82,
+    20: 45.31,
+    21: 46.80,
+    22: 48.27,
+    23: 49.73,
+    24: 51.18,
+    25: 52.62,
+    26: 54.05,
+    27: 55.48,
+    28: 56.89,
+    29: 58.30,
+    30: 59.70,
 }
 
 
@@ -147,38 +165,50 @@ def test_rejection_sampling_keeps_the_target_distribution():
             assert stat > 5 * CHI2_999[dof], stat
 
 
-def test_sampled_engine_output_has_the_target_marginal(target, tok):
-    """Token 2 of each completion comes from a speculative step: its marginal over many seeds must be
-    the target's exact ``sum_t1 p(t1) p(t2 | t1)`` (top-k 3 keeps the support small)."""
-    prompt = ids(9, 123)
-    params = SamplingParams(max_tokens=2, temperature=1.0, top_k=3, ignore_eos=True)
-    st = SamplerState(params, prompt, VOCAB, "cpu")
+ARRAY = {"type": "array", "items": {"type": "integer"}, "minItems": 1}  # '[' then digits: a small support
 
-    def dist(seq: list[int]) -> torch.Tensor:
+
+@pytest.mark.parametrize("variant", ["plain", "prefix_hit", "grammar"])
+def test_sampled_engine_output_has_the_target_distribution(target, tok, variant):
+    """Tokens 2 and 3 of each completion come from one speculative step: their joint over many seeds
+    must be the target's exact ``sum_t1 p(t1) p(t2 | t1) p(t3 | t1 t2)`` (top-k 3 keeps the support
+    small); also when the prompt is restored from a prefix snapshot, and under a JSON grammar (the
+    draft's proposals masked by it and rolled back before the target's tokens are accepted)."""
+    prompt = ids(9, 123)
+    constraint = JsonGrammars(tok, VOCAB).constraint(JsonFormat(ARRAY)) if variant == "grammar" else None
+    params = SamplingParams(max_tokens=3, temperature=1.0, top_k=3, ignore_eos=True, constraint=constraint)
+
+    def dist(prefix: list[int]) -> torch.Tensor:
+        st = SamplerState(params, prompt, VOCAB, "cpu")
+        for t in prefix:
+            st.observe(t)  # the grammar's state after the tokens so far
         with torch.no_grad():
-            logits = target(torch.tensor([seq])).logits[0, -1].float()
+            logits = target(torch.tensor([prompt + prefix])).logits[0, -1].float()
         return torch.softmax(process_logits(logits, st), -1)
 
-    p1 = dist(prompt)
-    marginal: dict[int, float] = {}
+    joint: dict[tuple[int, int], float] = {}
+    p1 = dist([])
     for t1 in p1.nonzero().flatten().tolist():
-        p2 = dist(prompt + [t1])
+        p2 = dist([t1])
         for t2 in p2.nonzero().flatten().tolist():
-            marginal[t2] = marginal.get(t2, 0.0) + float(p1[t1] * p2[t2])
+            p3 = dist([t1, t2])
+            for t3 in p3.nonzero().flatten().tolist():
+                joint[t2, t3] = joint.get((t2, t3), 0.0) + float(p1[t1] * p2[t2] * p3[t3])
     n = 600
-    seeded = [
-        SamplingParams(max_tokens=2, temperature=1.0, top_k=3, ignore_eos=True, seed=s) for s in range(n)
-    ]
+    seeded = [dataclasses.replace(params, seed=s) for s in range(n)]
     draft = noisy_copy(target, 0.02, head_only=True)
-    with Engine(
-        target, tok, EngineConfig(prefill_chunk=1024, max_batch=64, num_speculative_tokens=3), draft
-    ) as e:
+    block = {"prefix_block_size": 4} if variant == "prefix_hit" else {"prefix_cache": False}
+    cfg = EngineConfig(prefill_chunk=1024, max_batch=64, num_speculative_tokens=3, **block)
+    with Engine(target, tok, cfg, draft) as e:
         outs = e.generate_batch([prompt] * n, seeded)
     s = e.stats()  # after close: the engine thread finished its last step
     assert 0 < s["spec_accepted"] < s["spec_proposed"]
-    second = [c.token_ids[1] for c in outs]
-    counts = {t: second.count(t) for t in set(second)}
-    stat, dof = chi2(counts, marginal, n)
+    if variant == "prefix_hit":
+        assert s["prefix_hits"] > n // 2
+    pairs = [(c.token_ids[1], c.token_ids[2]) for c in outs]
+    cells = {key: i for i, key in enumerate(joint)}
+    counts = {cells.get(pr, -1): pairs.count(pr) for pr in set(pairs)}
+    stat, dof = chi2(counts, {cells[key]: p for key, p in joint.items()}, n)
     assert stat < CHI2_999[dof], (stat, dof)
 
 
