@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from bench.common import bench_tokenizer, markdown_table, write_results
-from bench.serve_fast import prefix_rows, prefix_turn_rows, spec_rows
+from bench.serve_fast import prefix_rows, prefix_turn_rows
 from bench.structured import structured_rows
 from longmoe.checkpoint import LoadedModel, load_model
 from longmoe.config import ModelConfig
@@ -340,7 +340,6 @@ def main() -> int:
         for key, fn in (
             ("prefix_reuse", prefix_rows),
             ("prefix_turns", prefix_turn_rows),
-            ("speculative", spec_rows),
         ):
             new_rows, results[key] = fn(engine, rand_ids, cfg.vocab_size, args.quick)
             rows += new_rows

@@ -1,15 +1,14 @@
-"""Rows of ``bench/serve.py`` for prefix reuse and speculative decoding, each against the same engine
-without it (same model, same run).
+"""Rows of ``bench/serve.py`` for prefix reuse, each against the same engine without it (same model,
+same run).
 
 - **prefix reuse**: time to first token of a request whose prompt is a 4K-token shared prefix (a
   system prompt, a long document) plus a 64-token tail, after one earlier request with that prefix;
-  and the wall time of an RL-style group (``G`` samples of one 4K-token task submitted together).
-- **speculative decoding**: greedy decode tokens/s with a draft made of the target's first layers
-  (``truncated_draft``), by ``k``, at batch 1 and 8, and with an unrelated random draft (the worst case:
-  nearly every draft rejected); acceptance rate, and the share of decode time spent rolling rejected
-  rows back (snapshot + replay). Outputs are checked identical to plain decoding.
-  Random weights make the acceptance rate a property of this random model, not of a trained pair:
-  the rows measure the mechanism (what a verify, a draft step and a replay cost).
+  and the wall time of an RL-style group (``G`` samples of one 4K-token task submitted together);
+- **hits by offset and chat turns** (``prefix_turn_rows``): the prefix hit length against the true
+  shared length, and time to first token per turn of a multi-turn chat, with and without reuse.
+
+Speculative decoding is measured by ``bench/spec.py`` on a trained target: on this benchmark's random
+weights the target's argmax mostly repeats its input, so every draft looks good.
 """
 
 from __future__ import annotations
@@ -18,12 +17,8 @@ import statistics
 import time
 from collections.abc import Callable
 
-import torch
-
-from longmoe.model import LongMoE
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
-from longmoe.serve.speculative import truncated_draft
 
 Row = list
 MakeEngine = Callable[..., Engine]
@@ -66,57 +61,6 @@ def prefix_rows(
     rows.append([f"group of {G} samples of one {shared}-token task, s, no reuse", off["group_s"], "", ""])
     rows.append([f"group of {G} samples of one {shared}-token task, s, prefix reuse", on["group_s"], "", ""])
     return rows, res
-
-
-def spec_rows(make_engine: MakeEngine, rand_ids: Callable, vocab: int, quick: bool) -> tuple[list[Row], dict]:
-    n_tok, draft_layers = (32 if quick else 64), 2
-    params = SamplingParams(max_tokens=n_tok, temperature=0.0, ignore_eos=True)
-    rows, res = [], []
-    for batch in (1, 8):
-        prompts = [rand_ids(32, vocab, 300 + i) for i in range(batch)]
-        base = None
-        for k, kind in ((0, ""), (1, "trunc"), (3, "trunc"), (5, "trunc"), (3, "random")):
-            with make_engine() as plain:
-                model, tok, cfg = plain.model, plain.tokenizer, plain.cfg
-            draft = None
-            if kind == "trunc":
-                draft = truncated_draft(model, draft_layers)
-            elif kind == "random":  # shares nothing with the target: nearly every draft is rejected
-                torch.manual_seed(1)
-                draft = LongMoE(truncated_draft(model, draft_layers).cfg).eval()
-            cfg.num_speculative_tokens = max(k, 1)
-            with Engine(model, tok, cfg, draft=draft) as e:
-                e.generate(prompts[0][:8], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
-                t0 = time.perf_counter()
-                out = [c.token_ids for c in e.generate_batch(prompts, params)]
-                dt = time.perf_counter() - t0
-            s = e.stats()
-            tps = batch * n_tok / dt
-            if base is None:
-                base = (tps, out)
-                rows.append([f"decode tok/s, batch {batch}, no speculation", tps, "", ""])
-                res.append({"batch": batch, "k": 0, "tok_s": tps})
-                continue
-            assert out == base[1], "speculative greedy output differs from plain decoding"
-            entry = {
-                "draft": kind,
-                "batch": batch,
-                "k": k,
-                "tok_s": tps,
-                "speedup": tps / base[0],
-                "acceptance": s["spec_acceptance_rate"],
-                "tokens_per_row_step": s["spec_tokens_per_row_step"],
-                "replay_share": s["spec_replay_s"] / dt,
-            }
-            res.append(entry)
-            name = f"first {draft_layers}/8 layers" if kind == "trunc" else f"random {draft_layers}-layer"
-            label = f"speculative k={k} (draft: {name}), batch {batch}"
-            rows.append([f"{label}: tok/s", tps, "", ""])
-            rows.append([f"{label}: speed-up vs no speculation", entry["speedup"], "", ""])
-            rows.append([f"{label}: acceptance rate", entry["acceptance"], "", ""])
-            rows.append([f"{label}: share of time in rollback replay", entry["replay_share"], "", ""])
-            print(rows[-4:], flush=True)
-    return rows, {"draft_layers": draft_layers, "tokens": n_tok, "runs": res}
 
 
 def prefix_turn_rows(
