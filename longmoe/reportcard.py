@@ -266,16 +266,30 @@ def _packed_attention(d: dict) -> list[Headline]:
 
 def _quant(d: dict) -> list[Headline]:
     v = d["variants"]
-    f, q = v["fp32"], v["int4"]
+    f, q8, q4 = v["fp32"], v["int8"], v["int4"]
     mib = 2**20
+    if "kl_from_fp32" not in q4:  # written before the KL columns (a barely trained model)
+        return [
+            Headline(
+                "int4 weights: size (MiB) and validation loss at 4K",
+                f"{q4['weight_bytes']['total'] / mib:.2f} MiB, loss {q4['val_loss']['4096']:.3f}",
+                f"fp32 {f['weight_bytes']['total'] / mib:.2f} MiB, loss {f['val_loss']['4096']:.3f}",
+                "one trained model, 4 held-out documents",
+                readme=True,
+            )
+        ]
+    uni = d["unigram"]["val_loss"]["4096"]
     return [
         Headline(
-            "int4 weights: size (MiB) and validation loss at 4K",
-            f"{q['weight_bytes']['total'] / mib:.2f} MiB, loss {q['val_loss']['4096']:.3f}",
-            f"fp32 {f['weight_bytes']['total'] / mib:.2f} MiB, loss {f['val_loss']['4096']:.3f}",
-            "one trained model, 4 held-out documents",
+            f"{name} weights: KL from fp32 (nats/token), argmax agreement, size",
+            f"KL {x['kl_from_fp32']:.1e}, top-1 {x['top1_agreement_with_fp32']:.1%}, "
+            f"{x['weight_bytes']['total'] / mib:.2f} MiB",
+            f"fp32 {f['weight_bytes']['total'] / mib:.2f} MiB; loss at 4K {f['val_loss']['4096']:.3f} "
+            f"(unigram {uni:.3f})",
+            "one trained model, 4 held-out documents x 4K positions",
             readme=True,
         )
+        for name, x in (("int8", q8), ("int4", q4))
     ]
 
 
