@@ -79,7 +79,7 @@ def timed(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> t
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=None, help="trained target (model or run dir)")
-    ap.add_argument("--draft-run", type=Path, default=None, help="a pretrained 2-layer draft run to reuse")
+    ap.add_argument("--draft-run", type=Path, default=None, help="2-layer draft run dir (reused if trained)")
     ap.add_argument("--draft-scale", type=float, default=1.0, help="curriculum scale for the 2-layer draft")
     ap.add_argument("--distill-steps", type=int, default=300, help="distillation steps for the cut draft")
     ap.add_argument("--tokens", type=int, default=64, help="generated tokens per request")
@@ -96,9 +96,9 @@ def main() -> int:
             ap.error("--model is required (a trained target, e.g. runs/demo), or --quick")
         args.model = train_run(Path(tmp.name) / "target", None, None, 0.05, 8)
     target, tok, _ = load_model(args.model)
-    draft_run = args.draft_run or train_run(
-        Path(tmp.name) / "draft", target, tok, 0.05 if args.quick else args.draft_scale, DRAFT_LAYERS
-    )
+    draft_run = args.draft_run or Path(tmp.name) / "draft"
+    if not (draft_run / "final").exists():  # train it (into --draft-run, so a rerun reuses it)
+        train_run(draft_run, target, tok, 0.05 if args.quick else args.draft_scale, DRAFT_LAYERS)
     drafts: dict[str, LongMoE] = {"trained 2-layer": load_model(draft_run).model}
     cut = truncated_draft(target, DRAFT_LAYERS)
     drafts["first 2 layers"] = cut

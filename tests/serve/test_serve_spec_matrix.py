@@ -35,9 +35,9 @@ FACTORS: dict[str, list] = {
     "fmt": ["text", "json", "tool"],
     "images": [False, True],
 }
-BLOCK = 4  # prefix_block_size of the speculative engines
-CHUNK = 16  # their prefill_chunk: a "chunked" prompt is longer
-SHARED = 8  # tokens a "partial" hit shares with an earlier prompt (< every prompt's last boundary)
+BLOCK = 16  # prefix_block_size of the speculative engines: hits land on the KDA chunk grid (16)
+CHUNK = 48  # their prefill_chunk: a "chunked" prompt is longer
+SHARED = 16  # tokens a "partial" hit shares with an earlier prompt (< every prompt's last boundary)
 DRAFT_NOISE = 0.1  # on the draft's LM head: it disagrees with the target often, agrees at times
 SCHEMA = {
     "type": "object",
@@ -201,7 +201,7 @@ def test_speculative_greedy_equals_plain(engines, tok, cell):
     rng = random.Random(ALL.index(cell))
     imgs = [image(ALL.index(cell))] if vision else []
     head = [tok.bos_id] + [t for p in imgs for t in image_span(p, tok)]
-    n = 40 if cell["chunked"] else 14
+    n = 64 if cell["chunked"] else 40
     prompt = head + text_ids(tok, n - len(head), rng)
     p = params(engines, cell["fmt"])
     last_boundary = (len(prompt) - 1) // BLOCK * BLOCK
