@@ -70,10 +70,88 @@ def held_out_prompts(tok: Tokenizer, n: int) -> list[list[int]]:
     return [ids[i * 512 : i * 512 + PROMPT_LEN] for i in range(n)]
 
 
-def timed(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, list[list[int]]]:
+def timed(
+    engine: Engine, prompts: list[list[int]], params: SamplingParams, counters: bool = False
+) -> tuple[float, tuple[list[list[int]], dict[str, float]]]:
+    """Wall time of one ``generate_batch``; its outputs, and (``counters``) the speculation counters it
+    moved (proposed, accepted, row-steps)."""
+    before = engine.stats()
     t0 = time.perf_counter()
     out = [c.token_ids for c in engine.generate_batch(prompts, params)]
-    return time.perf_counter() - t0, out
+    dt = time.perf_counter() - t0
+    moved = {}
+    if counters:
+        after = engine.stats()
+        moved = {k: after[f"spec_{k}"] - before[f"spec_{k}"] for k in ("proposed", "accepted", "row_steps")}
+    return dt, (out, moved)
+
+
+def summarize(draft: str, k: int, batch: int, case: str, pairs: list, tokens: int) -> dict:
+    """One cell from its rounds ``(plain s, speculative s, counters)``: acceptance over the cell's own
+    rounds, speed-up = median of per-round plain/speculative time ratios, with their range."""
+    ratios = [p / s for p, s, _ in pairs]
+    prop = sum(c["proposed"] for *_, c in pairs)
+    acc = sum(c["accepted"] for *_, c in pairs)
+    return {
+        "draft": draft,
+        "k": k,
+        "batch": batch,
+        "case": case,
+        "acceptance": acc / prop if prop else 0.0,
+        "tokens_per_step": (acc + (rs := sum(c["row_steps"] for *_, c in pairs))) / max(1, rs),
+        "speedup_median": statistics.median(ratios),
+        "speedup_rounds": ratios,
+        "plain_tok_s": statistics.median(batch * tokens / p for p, *_ in pairs),
+        "spec_tok_s": statistics.median(batch * tokens / s for _, s, _ in pairs),
+    }
+
+
+def row(e: dict) -> list:
+    r = e["speedup_rounds"]
+    verdict = "wins" if min(r) > 1 else ("loses" if max(r) < 1 else "within noise")
+    return [e["draft"], e["k"], e["batch"], e["case"], e["acceptance"], e["tokens_per_step"],
+            e["speedup_median"], f"{min(r):.2f}–{max(r):.2f}", verdict]  # fmt: skip
+
+
+def composition_rows(
+    target: LongMoE, tok: Tokenizer, draft: LongMoE, best: dict, prompts: list, args, plain: Engine
+) -> list[dict]:
+    """The best batch-1 draft and ``k`` with a prefix hit (the prompt's first half was seen before, prefix
+    cache on in both arms) and as a session's second turn (the first turn's row kept), greedy output
+    checked equal to plain decoding with the same reuse."""
+    params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    out = []
+    cfg = dict(max_context=4096, prefix_cache=True)
+    with (
+        Engine(target, tok, EngineConfig(**cfg)) as base,
+        Engine(target, tok, EngineConfig(**cfg, num_speculative_tokens=best["k"]), draft=draft) as spec,
+    ):
+        pairs = []
+        for i in range(args.rounds):  # a prefix hit: the first half of the prompt came before
+            p = prompts[i % len(prompts)]
+            for e in (base, spec):
+                e.generate(p[: PROMPT_LEN // 2] + [tok.eos_id], SamplingParams(max_tokens=1))
+            t_plain, ref = timed(base, [p], params)
+            t_spec, got = timed(spec, [p], params, counters=True)
+            assert got[0] == ref[0], "speculation with a prefix hit differs from plain decoding"
+            pairs.append((t_plain, t_spec, got[1]))
+        out.append(summarize(best["draft"], best["k"], 1, "prefix hit", pairs, args.tokens))
+        pairs = []
+        for i in range(args.rounds):  # a session's second turn continues the kept row
+            p = prompts[(i + 1) % len(prompts)]
+            runs = []
+            for e in (base, spec):
+                s = e.open_session()
+                e.generate(p[: PROMPT_LEN // 2], params, session=s)
+                runs.append((timed(e, [p[PROMPT_LEN // 2 :]], params, counters=e is spec), s))
+            (t_plain, ref), _ = runs[0]
+            (t_spec, got), _ = runs[1]
+            assert got[0] == ref[0], "speculation on a session turn differs from plain decoding"
+            for e, (_, s) in zip((base, spec), runs, strict=True):
+                e.close_session(s)
+            pairs.append((t_plain, t_spec, got[1]))
+        out.append(summarize(best["draft"], best["k"], 1, "session turn 2", pairs, args.tokens))
+    return out
 
 
 def main() -> int:
@@ -122,55 +200,24 @@ def main() -> int:
                 with spec:
                     spec.generate(prompts[0][:8], SamplingParams(max_tokens=4, temperature=0.0))
                     for batch in batches:
-                        ps = prompts[:batch]
                         pairs = []
                         for _ in range(args.rounds):
-                            t_plain, ref = timed(plain, ps, params)
-                            before = spec.stats()
-                            t_spec, out = timed(spec, ps, params)
-                            after = spec.stats()
-                            assert out == ref, f"{name} k={k}: greedy output differs from plain decoding"
-                            pairs.append((t_plain, t_spec, before, after))
-                        ratios = [p / s for p, s, _, _ in pairs]
-                        acc = after["spec_acceptance_rate"]
-                        entry = {
-                            "draft": name,
-                            "k": k,
-                            "batch": batch,
-                            "acceptance": acc,
-                            "tokens_per_row_step": after["spec_tokens_per_row_step"],
-                            "speedup_median": statistics.median(ratios),
-                            "speedup_rounds": ratios,
-                            "plain_tok_s": statistics.median(batch * args.tokens / p for p, *_ in pairs),
-                            "spec_tok_s": statistics.median(batch * args.tokens / s for _, s, *_ in pairs),
-                        }
+                            t_plain, ref = timed(plain, prompts[:batch], params)
+                            t_spec, out = timed(spec, prompts[:batch], params, counters=True)
+                            assert out[0] == ref[0], (
+                                f"{name} k={k}: greedy output differs from plain decoding"
+                            )
+                            pairs.append((t_plain, t_spec, out[1]))
+                        entry = summarize(name, k, batch, "none", pairs, args.tokens)
                         runs.append(entry)
-                        sp = entry["speedup_median"]
-                        rows.append(
-                            [
-                                name,
-                                k,
-                                batch,
-                                acc,
-                                entry["tokens_per_row_step"],
-                                sp,
-                                f"{min(ratios):.2f}–{max(ratios):.2f}",
-                                "wins"
-                                if min(ratios) > 1
-                                else ("loses" if max(ratios) < 1 else "within noise"),
-                            ]
-                        )
+                        rows.append(row(entry))
                         print(rows[-1], flush=True)
-    header = [
-        "draft",
-        "k",
-        "batch",
-        "acceptance",
-        "tokens / row-step",
-        "speed-up (median)",
-        "range over rounds",
-        "speculation",
-    ]
+        best = max((r for r in runs if r["batch"] == 1), key=lambda r: r["speedup_median"])
+        comp = composition_rows(target, tok, drafts[best["draft"]], best, prompts, args, plain)
+        runs += comp
+        rows += [row(e) for e in comp]
+    header = ["draft", "k", "batch", "reuse", "acceptance", "tokens / row-step", "speed-up (median)",
+              "range over rounds", "speculation"]  # fmt: skip
     table = markdown_table(header, rows)
     table += (
         f"\n\nCPU, fp32, {torch.get_num_threads()} thread(s), shared machine. Target: `{args.model}` "
@@ -178,7 +225,10 @@ def main() -> int:
         f"{args.tokens} tokens per request after a {PROMPT_LEN}-token held-out prompt; speed-up = plain "
         f"time / speculative time per round, median and range of {args.rounds} alternating rounds; every "
         "speculative output equals plain decoding token for token. Acceptance: the share of drafted "
-        "tokens the target kept (cumulative over the rounds)."
+        "tokens the target kept over the cell's rounds; tokens / step: per row and decode step (1 without "
+        "speculation). Reuse: `prefix hit` = the prompt's first half was served before (prefix cache on in "
+        "both arms), `session turn 2` = a session's second turn on its kept row (both arms), for the "
+        "batch-1 draft and k with the best speed-up."
     )
     results = {
         "target": str(args.model),

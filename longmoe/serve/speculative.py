@@ -126,6 +126,7 @@ class Speculator:
         s = self.stats
         return {
             "spec_steps": s.steps,
+            "spec_row_steps": s.rows,
             "spec_proposed": s.proposed,
             "spec_accepted": s.accepted,
             "spec_acceptance_rate": s.accepted / s.proposed if s.proposed else 0.0,
