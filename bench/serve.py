@@ -278,7 +278,15 @@ def main() -> int:
             rows, res = prefix_turn_rows(
                 lambda **kw: make_engine(cfg, **kw), rand_ids, cfg.vocab_size, args.quick
             )
-        print(markdown_table(["measurement", "hybrid LLLM", "", ""], rows))
+        table = markdown_table(["measurement", "hybrid LLLM", "", ""], rows)
+        table += (
+            f"\n\nCPU, fp32, {torch.get_num_threads()} thread(s), shared machine; tiny-preset shapes, random "
+            "weights (hits and times do not depend on the predictions). Hits: a prompt sharing its first "
+            "`p` tokens with a stored 200-token prompt, then differing. Turns: each adds the new tokens and "
+            "the previous reply; time to first token through the engine."
+        )
+        name = "serve_prefix_quick" if args.quick else "serve_prefix"
+        write_results(name, {"config": cfg.to_dict(), **res}, table, update_readme=not args.quick)
         return 0
     results: dict = {"decode": [], "prefill": [], "throughput": []}
     rows = []

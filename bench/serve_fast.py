@@ -102,6 +102,9 @@ def prefix_turn_rows(
             "",
         ]
     )
+    ok = all(p - 15 <= h <= p and h % 16 == 0 for p, h in res["hits"].items() if isinstance(p, int))
+    res["hit_within_one_chunk_at_every_offset"] = ok
+    rows.append(["every offset 0..64: hit is a multiple of 16 in [shared - 15, shared]", str(ok), "", ""])
     rows.append(["prefix snapshot bytes per stored prompt token (block 16)", bytes_per_token, "", ""])
     n_turns, turn_len = (6, 150) if quick else (10, 300)
     for on in (False, True):
