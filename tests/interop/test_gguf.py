@@ -334,3 +334,23 @@ def test_llama_cpp_logits_match_longmoe(model_dir, tmp_path):
     top1 = float((theirs.argmax(-1) == ours.argmax(-1)).mean())
     print(f"llama.cpp vs longmoe fp32, 64 tokens: max|dlogit| {delta:.3e}, top-1 agreement {top1:.3f}")
     assert top1 >= 0.95 and delta < 1e-2
+
+
+def test_llama_cpp_tokenizes_a_corpus_sample_as_longmoe_does(model_dir, tmp_path):
+    """The exported vocabulary, merges and pre-tokenizer make llama.cpp split text into the same ids as
+    longmoe's tokenizer (30 standard-library files: code, prose, digits, whitespace runs, UTF-8)."""
+    import itertools
+
+    from longmoe.data.corpus import stdlib_documents
+    from longmoe.data.tokenizer import Tokenizer
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = tmp_path / "m.gguf"
+    to_gguf(model_dir, path, outtype="f32")
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    tok = Tokenizer.from_file(model_dir / "tokenizer.json")
+    texts = [d.text for d in itertools.islice(stdlib_documents("val", "file"), 30)]
+    texts.append("naïve café 日本語 — 12345 + 0.5e-3\t\n\n  x")
+    for text in texts:
+        theirs = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        assert theirs == tok.encode(text), text[:80]
