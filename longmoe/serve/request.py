@@ -81,6 +81,7 @@ class Request:
     )  # prefix reuse: {prompt position: layer states} of the last chunk
     reused: int = 0  # prompt tokens restored from a prefix snapshot or a session's kept row
     session: Session | None = None  # keeps its cache row when the request finishes
+    keep_end: bool = False  # its finished row becomes a prefix snapshot (``PrefixCache.store_end``)
     images: RequestImages | None = None  # the prompt's images (serve/prompt_images.py)
     prefix_stops: set[int] = field(default_factory=set)  # prompt lengths others wait to reuse
     out: list[int] = field(default_factory=list)
@@ -127,9 +128,10 @@ class Request:
 
     @property
     def keeps_row(self) -> bool:
-        """Whether the finished request's cache row lives on (a session's next turn continues it; the
-        scheduler's ``_keep_session``): it must then have seen exactly ``prompt_ids + out[:-1]``."""
-        return self.session is not None and self.finish in ("stop", "length")
+        """Whether the finished request's cache row lives on (a session's next turn continues it, the
+        scheduler's ``_keep_session``, or an end-of-request prefix snapshot, ``_keep_end``): it must then
+        have seen exactly ``prompt_ids + out[:-1]``."""
+        return (self.session is not None or self.keep_end) and self.finish in ("stop", "length")
 
     @property
     def image_marks(self) -> tuple[Mark, ...]:

@@ -213,6 +213,7 @@ class Scheduler:
                 r.cache = self.new_cache()
             if s is not None:
                 self.sessions.stats.turns += 1
+            r.keep_end = s is None and self.prefix is not None
             if self.prefix is not None and r.reused == 0:
                 r.block_hashes = self.prefix.hashes(r.prompt_ids, r.image_marks)
                 self.prefix.reuse(r)
@@ -250,9 +251,7 @@ class Scheduler:
     def regroup(self) -> Regroup:
         """The membership change due now: finished rows leave, requests whose prefill ended join."""
         keep = [i for i, r in enumerate(self.running) if r.finish is None]
-        kept = [
-            i for i, r in enumerate(self.running) if r.finish in ("stop", "length") and self._keeps_row(r)
-        ]
+        kept = [i for i, r in enumerate(self.running) if r.keeps_row]
         stay = keep if len(keep) < len(self.running) else None
         return Regroup(stay, kept, [r.cache for r in self.joining])
 
@@ -334,13 +333,10 @@ class Scheduler:
         self.waiting.clear()
         self.prefilling, self.joining, self.running = [], [], []
 
-    def _keeps_row(self, r: Request) -> bool:
-        """Whether a finished request's row is wanted: a session keeps it, else a prefix snapshot of
-        the whole conversation so far (multi-turn chat: the next turn starts where this one ended)."""
-        return r.session is not None or self.prefix is not None
-
     def _keep_end(self, r: Request, cache: Any) -> None:
-        if cache is not None and r.session is None and r.finish in ("stop", "length") and self._keeps_row(r):
+        """A finished request's row (``Request.keep_end``) becomes a snapshot of the conversation so far
+        (multi-turn chat: the next turn starts where this one ended)."""
+        if cache is not None and r.keep_end and r.keeps_row:
             self.prefix.store_end(r, cache)  # type: ignore[union-attr]
 
     def _keep_session(self, r: Request, cache: Any) -> None:

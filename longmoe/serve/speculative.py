@@ -22,8 +22,9 @@ One decode step for a batch whose rows each end in their last token ``t``:
    step takes a ``Cache.mark`` (copies of the recurrent layers) before drafting and **replays**:
    ``Cache.rewind`` returns the row to the mark, and one forward per distinct ``n`` feeds
    ``[t, d_1..d_n]`` again to both models. Rows that kept everything need nothing. A row that
-   finishes leaves the batch as it is, unless its row lives on (a session's kept row,
-   ``Request.keeps_row``): it is rolled back to all its tokens but the last, as any row after a step.
+   finishes leaves the batch as it is, unless its row lives on (a session's kept row or an
+   end-of-request prefix snapshot, ``Request.keeps_row``): it is rolled back to all its tokens but
+   the last, as any row after a step.
 
 Constrained rows (a grammar, a forced tool call: ``SamplingParams.constraint``): each proposal is
 masked by the constraint in the state it would be read in (the constraint accepts the row's drafts

@@ -236,3 +236,23 @@ def test_validation_and_from_dir(model_dir, tmp_path, tok):
         )
     with pytest.raises(ValueError, match="n_layers"):
         truncated_draft(tiny_model(), 0)
+
+
+def test_a_finished_row_stored_as_a_prefix_snapshot_was_rolled_back(target, tok):
+    """A row that finishes on a rejected draft has consumed that draft: its end-of-request snapshot
+    must be rolled back to the tokens it names, or the next turn (prompt + reply + more) continues a
+    wrong state. The seeds below finish on such a step."""
+    draft = noisy_copy(target, 0.02, head_only=True)
+    full_hits = 0
+    for s, m in [(3, 6), (24, 9), (25, 10), (55, 4)]:
+        prompt = ids(20, 300 + s)
+        p = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        with engine(target, tok, draft=draft, num_speculative_tokens=3) as e:
+            first = e.generate(prompt, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))
+            nxt = prompt + first.token_ids + ids(5, 200 + s)
+            got = e.generate(nxt, p)
+        with engine(target, tok, prefix_cache=False) as plain:
+            ref = plain.generate(nxt, p)
+        assert got.token_ids == ref.token_ids, (s, m)
+        full_hits += got.cached_tokens == len(prompt) + m - 1
+    assert full_hits  # the next turn reused the end snapshot
