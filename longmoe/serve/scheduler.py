@@ -295,7 +295,11 @@ class Scheduler:
         reason, delta = r.record(choice, self.max_context)
         lp = [choice.logprob] if choice.logprob is not None else None
         if reason is None:
-            r.sink(Event(delta, [choice.token], lp))
+            try:
+                r.sink(Event(delta, [choice.token], lp))
+            except Exception:  # a consumer that raises loses its own request, never the batch
+                log.exception("request %d: its consumer raised; finishing it", r.id)
+                self.finish(r, "error", error="the request's event consumer raised")
         else:
             self.finish(r, reason, delta, [choice.token], lp)
         return r.finish is None

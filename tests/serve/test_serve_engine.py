@@ -280,3 +280,27 @@ def test_sampling_filters():
     s.observe(0)
     s.observe(0)
     assert process_logits(logits, s).tolist()[0] == 1.0
+
+
+def test_a_consumer_that_raises_loses_only_its_own_request():
+    """A library caller's sink that raises mid-stream finishes that request with an error; the other
+    requests in the same batch run to the end unchanged."""
+    from longmoe.serve.engine import Engine
+    from longmoe.serve.sampling import SamplingParams
+    from tests.helpers.models import tiny_model
+    from tests.helpers.tokenizer import tokenizer_for_tests
+
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    events = []
+
+    def bad_sink(ev):
+        events.append(ev)
+        if len(events) == 2:
+            raise RuntimeError("consumer went away")
+
+    with Engine(tiny_model(), tokenizer_for_tests(VOCAB)) as e:
+        ref = e.generate([5, 6, 7, 8], params).token_ids
+        e.submit([9, 10, 11], params, sink=bad_sink)
+        good = e.submit([5, 6, 7, 8], params)
+        assert [t for ev in good.events() for t in ev.token_ids] == ref
+    assert len(events) == 3 and events[-1].done is not None and events[-1].done.finish_reason == "error"
