@@ -25,8 +25,13 @@ without it (``bench/serve_fast.py``); sampled decode with a JSON-schema grammar 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
 
@@ -174,7 +179,7 @@ def compiled_decode(eager: Engine, cfg: ModelConfig, ctx: int, n: int, rows: lis
     then ``rounds`` rounds alternate one eager and one compiled request, so a burst of other work on
     this shared machine hits both arms alike (an eager and a compiled number taken minutes apart can
     differ 20x on a loaded machine); each arm's best round is reported and the ratio is of those."""
-    with make_engine(cfg, compile=True) as comp:
+    with make_engine(cfg, compile=True, compile_warmup=False) as comp:
         t0 = time.perf_counter()
         engine_decode(comp, ctx, n)
         first_s = time.perf_counter() - t0
@@ -184,17 +189,20 @@ def compiled_decode(eager: Engine, cfg: ModelConfig, ctx: int, n: int, rows: lis
         recompiled_s = comp.compiled.compile_seconds - compile_s
     eager_ms, comp_ms = min(p[0] for p in pairs), min(p[1] for p in pairs)
     per_round = [e / c for e, c in pairs]
+    median_ratio = statistics.median(per_round)
     rows.append([f"engine decode ms/token batch 1 @ ctx {ctx}, eager", eager_ms, "", ""])
     rows.append([f"engine decode ms/token batch 1 @ ctx {ctx}, compiled (--compile)", comp_ms, "", ""])
     rows.append(["compiled decode speed-up, batch 1 (target >= 3)", eager_ms / comp_ms, "", ""])
     rows.append([f"  per-round speed-ups (eager/compiled, {rounds} alternating rounds)", *_fmt(per_round)])
-    rows.append(["compile time s (first request: prefill + decode graphs)", compile_s, "", ""])
-    print(rows[-5:], flush=True)
+    rows.append(["  median of the per-round speed-ups", median_ratio, "", ""])
+    rows.append(["compile time s (first request: the B=1 decode graph)", compile_s, "", ""])
+    print(rows[-6:], flush=True)
     return {
         "context": ctx,
         "eager_ms": eager_ms,
         "compiled_ms": comp_ms,
         "speedup": eager_ms / comp_ms,
+        "speedup_median_of_rounds": median_ratio,
         "rounds": [{"eager_ms": e, "compiled_ms": c} for e, c in pairs],
         "compile_s": compile_s,
         "compile_s_after_first_request": recompiled_s,
@@ -208,11 +216,52 @@ def _fmt(xs: list[float]) -> list[str]:
     return cells + [""] * (3 - len(cells))
 
 
-def compile_only(cfg: ModelConfig, ctx: int, n: int) -> int:
+def first_token_child(ctx: int) -> int:
+    """In a fresh process (``--first-token-child``): start a ``--compile`` engine without the background
+    warm-up and time its first request up to the first decoded token (the B=1 decode graph compiles
+    there; prefill is eager). Prints one JSON line."""
+    t0 = time.perf_counter()
+    with torch.inference_mode(), make_engine(hybrid_config(), compile=True, compile_warmup=False) as e:
+        params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+        t1 = time.perf_counter()
+        stamps = [time.perf_counter() for _ in e.submit(rand_ids(ctx, e.vocab_size, ctx), params).events()]
+        assert e.compiled is not None
+        out = {
+            "engine_start_s": t1 - t0,
+            "first_token_s": stamps[0] - t1,  # prefill (eager)
+            "first_decoded_token_s": stamps[-1] - t1,  # + the first decode step, which compiles
+            "compile_s": e.compiled.compile_seconds,
+        }
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def first_token_times(ctx: int, rounds: int, threads: int) -> dict:
+    """Cold (empty inductor cache dir) and warm (the same dir again) first-token times, each in a fresh
+    process, alternating cold and warm ``rounds`` times so the machine's load hits both alike."""
+    runs: dict[str, list[dict]] = {"cold": [], "warm": []}
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="longmoe-inductor-") as d:
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": d}
+            for kind in ("cold", "warm"):
+                cmd = [sys.executable, "-m", "bench.serve", "--first-token-child", "--threads", str(threads)]
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+                runs[kind].append(json.loads(p.stdout.strip().splitlines()[-1]))
+                print(kind, runs[kind][-1], flush=True)
+    return runs
+
+
+def compile_only(cfg: ModelConfig, ctx: int, n: int, first_token_rounds: int = 1) -> int:
     rows: list = []
+    ft = first_token_times(ctx, first_token_rounds, torch.get_num_threads()) if first_token_rounds else {}
+    for kind, runs in ft.items():
+        ts = [r["first_decoded_token_s"] for r in runs]
+        rows.append([f"first decoded token s, {kind} cache (fresh process; min / max)", min(ts), max(ts), ""])
+        rows.append([f"  of which compile s, {kind}", min(r["compile_s"] for r in runs), "", ""])
     with torch.inference_mode(), make_engine(cfg) as eager:
         engine_decode(eager, ctx, n)  # warm-up
         res = compiled_decode(eager, cfg, ctx, n, rows)
+    res["first_token"] = ft
     table = markdown_table(["measurement", "hybrid LLLM", "", ""], rows)
     threads = torch.get_num_threads()
     table += f"\n\nCPU, fp32, {threads} thread(s), shared machine; tiny-preset shapes, random weights."
@@ -229,6 +278,13 @@ def main() -> int:
     ap.add_argument(
         "--compile-only", action="store_true", help="only the eager vs --compile batch-1 decode rows"
     )
+    ap.add_argument(
+        "--first-token-rounds",
+        type=int,
+        default=1,
+        help="--compile-only: cold/warm first-token process pairs (0: skip; each cold one compiles)",
+    )
+    ap.add_argument("--first-token-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -238,8 +294,10 @@ def main() -> int:
     chunks = [128, 512, 2048] if args.quick else [128, 512, 2048, 8192]
     conc, conc_tokens = [1, 8, 32], 16 if args.quick else 64
     cfg = hybrid_config()
+    if args.first_token_child:
+        return first_token_child(ctxs[0])
     if args.compile_only:
-        return compile_only(cfg, ctxs[0], n_dec)
+        return compile_only(cfg, ctxs[0], n_dec, args.first_token_rounds)
     results: dict = {"decode": [], "prefill": [], "throughput": []}
     rows = []
 
