@@ -28,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from bench.structured import structured_rows
 from longmoe.config import ModelConfig
 from longmoe.model import LongMoE
 from longmoe.presets import preset
+from longmoe.serve.compiled import CACHE_ENV
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 
@@ -175,7 +177,7 @@ def peer_decode(peer, ctx: int, n: int, vocab: int) -> tuple[float, float]:
 
 def compiled_decode(eager: Engine, cfg: ModelConfig, ctx: int, n: int, rows: list, rounds: int = 3) -> dict:
     """``--compile``: an engine with torch.compile'd steps against the eager ``eager`` engine, batch 1,
-    the same prompt. The first compiled request compiles (prefill + decode graphs) and is timed apart;
+    the same prompt. The first compiled request compiles (the B=1 decode graph) and is timed apart;
     then ``rounds`` rounds alternate one eager and one compiled request, so a burst of other work on
     this shared machine hits both arms alike (an eager and a compiled number taken minutes apart can
     differ 20x on a loaded machine); each arm's best round is reported and the ratio is of those."""
@@ -238,23 +240,30 @@ def first_token_child(ctx: int) -> int:
 
 def first_token_times(ctx: int, rounds: int, threads: int) -> dict:
     """Cold (empty inductor cache dir) and warm (the same dir again) first-token times, each in a fresh
-    process, alternating cold and warm ``rounds`` times so the machine's load hits both alike."""
-    runs: dict[str, list[dict]] = {"cold": [], "warm": []}
+    process, alternating cold and warm ``rounds`` times so the machine's load hits both alike. The last
+    round's cache dir becomes this process's (the decode rounds after it start warm)."""
+    runs: dict = {"cold": [], "warm": []}
     for _ in range(rounds):
-        with tempfile.TemporaryDirectory(prefix="longmoe-inductor-") as d:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": d}
-            for kind in ("cold", "warm"):
-                cmd = [sys.executable, "-m", "bench.serve", "--first-token-child", "--threads", str(threads)]
-                p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-                runs[kind].append(json.loads(p.stdout.strip().splitlines()[-1]))
-                print(kind, runs[kind][-1], flush=True)
+        d = tempfile.mkdtemp(prefix="longmoe-inductor-")
+        env = {**os.environ, CACHE_ENV: d}
+        for kind in ("cold", "warm"):
+            cmd = [sys.executable, "-m", "bench.serve", "--first-token-child", "--threads", str(threads)]
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+            runs[kind].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            print(kind, runs[kind][-1], flush=True)
+        if runs.get("cache_dir"):
+            shutil.rmtree(runs["cache_dir"], ignore_errors=True)  # an earlier round's (ours)
+        runs["cache_dir"] = d
+    if rounds:
+        os.environ[CACHE_ENV] = runs["cache_dir"]  # before this process's first compile
     return runs
 
 
 def compile_only(cfg: ModelConfig, ctx: int, n: int, first_token_rounds: int = 1) -> int:
     rows: list = []
     ft = first_token_times(ctx, first_token_rounds, torch.get_num_threads()) if first_token_rounds else {}
-    for kind, runs in ft.items():
+    for kind in ("cold", "warm") if ft else ():
+        runs = ft[kind]
         ts = [r["first_decoded_token_s"] for r in runs]
         rows.append([f"first decoded token s, {kind} cache (fresh process; min / max)", min(ts), max(ts), ""])
         rows.append([f"  of which compile s, {kind}", min(r["compile_s"] for r in runs), "", ""])
@@ -266,6 +275,8 @@ def compile_only(cfg: ModelConfig, ctx: int, n: int, first_token_rounds: int = 1
     threads = torch.get_num_threads()
     table += f"\n\nCPU, fp32, {threads} thread(s), shared machine; tiny-preset shapes, random weights."
     write_results("serve_compile", {"config": cfg.to_dict(), "compiled": res}, table, update_readme=False)
+    if ft:
+        shutil.rmtree(ft.pop("cache_dir"), ignore_errors=True)
     return 0
 
 

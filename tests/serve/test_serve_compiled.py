@@ -4,6 +4,7 @@ real build gives eager's greedy tokens; a background warm-up serves eagerly unti
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from longmoe.serve.compiled import CompiledSteps, cache_dir
@@ -70,8 +71,10 @@ def test_background_warmup_serves_eagerly_then_compiled():
     e.close()
 
 
+@pytest.mark.slow
 def test_inductor_decode_tokens_identical():
-    """The real path (inductor's C++ build, on-disk cache in ``cache_dir()``): eager's greedy tokens."""
+    """The real path (inductor's C++ build, on-disk cache in ``cache_dir()``): eager's greedy tokens.
+    Slow: 204 s with an empty cache on this loaded 2-core machine (42 s warm)."""
     want = _eager_tokens()
     e = _compiled("inductor")
     assert _tokens(e) == want
