@@ -218,12 +218,22 @@ def _fmt(xs: list[float]) -> list[str]:
     return cells + [""] * (3 - len(cells))
 
 
-def first_token_child(ctx: int) -> int:
+def compile_config(name: str) -> ModelConfig:
+    """``--compile-model``: ``tiny`` (the hybrid above) or ``100m``: the ``small`` preset cut to 4 layers
+    (3 KDA + 1 MLA) and 32 experts, 111M parameters."""
+    if name == "tiny":
+        return hybrid_config()
+    cfg = preset("small")
+    ffn = cfg.ffn.__class__(**{**cfg.ffn.__dict__, "n_experts": 32})
+    return cfg.replace(n_layers=4, ffn=ffn, max_seq_len=MAX_CTX)
+
+
+def first_token_child(ctx: int, model: str) -> int:
     """In a fresh process (``--first-token-child``): start a ``--compile`` engine without the background
     warm-up and time its first request up to the first decoded token (the B=1 decode graph compiles
     there; prefill is eager). Prints one JSON line."""
     t0 = time.perf_counter()
-    with torch.inference_mode(), make_engine(hybrid_config(), compile=True, compile_warmup=False) as e:
+    with torch.inference_mode(), make_engine(compile_config(model), compile=True, compile_warmup=False) as e:
         params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
         t1 = time.perf_counter()
         stamps = [time.perf_counter() for _ in e.submit(rand_ids(ctx, e.vocab_size, ctx), params).events()]
@@ -238,7 +248,7 @@ def first_token_child(ctx: int) -> int:
     return 0
 
 
-def first_token_times(ctx: int, rounds: int, threads: int) -> dict:
+def first_token_times(ctx: int, rounds: int, threads: int, model: str) -> dict:
     """Cold (empty inductor cache dir) and warm (the same dir again) first-token times, each in a fresh
     process, alternating cold and warm ``rounds`` times so the machine's load hits both alike. The last
     round's cache dir becomes this process's (the decode rounds after it start warm)."""
@@ -248,6 +258,7 @@ def first_token_times(ctx: int, rounds: int, threads: int) -> dict:
         env = {**os.environ, CACHE_ENV: d}
         for kind in ("cold", "warm"):
             cmd = [sys.executable, "-m", "bench.serve", "--first-token-child", "--threads", str(threads)]
+            cmd += ["--compile-model", model]
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
             runs[kind].append(json.loads(p.stdout.strip().splitlines()[-1]))
             print(kind, runs[kind][-1], flush=True)
@@ -259,9 +270,10 @@ def first_token_times(ctx: int, rounds: int, threads: int) -> dict:
     return runs
 
 
-def compile_only(cfg: ModelConfig, ctx: int, n: int, first_token_rounds: int = 1) -> int:
-    rows: list = []
-    ft = first_token_times(ctx, first_token_rounds, torch.get_num_threads()) if first_token_rounds else {}
+def compile_only(model: str, ctx: int, n: int, first_token_rounds: int = 1) -> int:
+    cfg, rows = compile_config(model), []
+    threads = torch.get_num_threads()
+    ft = first_token_times(ctx, first_token_rounds, threads, model) if first_token_rounds else {}
     for kind in ("cold", "warm") if ft else ():
         runs = ft[kind]
         ts = [r["first_decoded_token_s"] for r in runs]
@@ -270,11 +282,13 @@ def compile_only(cfg: ModelConfig, ctx: int, n: int, first_token_rounds: int = 1
     with torch.inference_mode(), make_engine(cfg) as eager:
         engine_decode(eager, ctx, n)  # warm-up
         res = compiled_decode(eager, cfg, ctx, n, rows)
+        n_params = eager.model.num_parameters() / 1e6
     res["first_token"] = ft
     table = markdown_table(["measurement", "hybrid LLLM", "", ""], rows)
-    threads = torch.get_num_threads()
-    table += f"\n\nCPU, fp32, {threads} thread(s), shared machine; tiny-preset shapes, random weights."
-    write_results("serve_compile", {"config": cfg.to_dict(), "compiled": res}, table, update_readme=False)
+    shapes = "tiny-preset shapes" if model == "tiny" else f"{model} model ({n_params:.0f}M parameters)"
+    table += f"\n\nCPU, fp32, {threads} thread(s), shared machine; {shapes}, random weights."
+    name = "serve_compile" if model == "tiny" else f"serve_compile_{model}"
+    write_results(name, {"config": cfg.to_dict(), "compiled": res}, table, update_readme=False)
     if ft:
         shutil.rmtree(ft.pop("cache_dir"), ignore_errors=True)
     return 0
@@ -295,6 +309,7 @@ def main() -> int:
         default=1,
         help="--compile-only: cold/warm first-token process pairs (0: skip; each cold one compiles)",
     )
+    ap.add_argument("--compile-model", choices=("tiny", "100m"), default="tiny", help="--compile-only model")
     ap.add_argument("--first-token-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
@@ -306,9 +321,9 @@ def main() -> int:
     conc, conc_tokens = [1, 8, 32], 16 if args.quick else 64
     cfg = hybrid_config()
     if args.first_token_child:
-        return first_token_child(ctxs[0])
+        return first_token_child(ctxs[0], args.compile_model)
     if args.compile_only:
-        return compile_only(cfg, ctxs[0], n_dec, args.first_token_rounds)
+        return compile_only(args.compile_model, ctxs[0], n_dec, args.first_token_rounds)
     results: dict = {"decode": [], "prefill": [], "throughput": []}
     rows = []
 
