@@ -43,24 +43,31 @@ CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def cache_dir() -> Path:
-    """Inductor's on-disk cache: ``$TORCHINDUCTOR_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME`` (or
-    ``~/.cache``) ``/longmoe/inductor``: per user and surviving reboots (torch's default is in /tmp)."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
+    """Inductor's on-disk cache: ``$TORCHINDUCTOR_CACHE_DIR`` if the user set it, else ``$XDG_CACHE_HOME``
+    (or ``~/.cache``) ``/longmoe/inductor``: per user and surviving reboots. (Importing inductor's
+    config sets the variable to torch's default under /tmp, so that value counts as unset.)"""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    env = os.environ.get(CACHE_ENV)
+    if env and Path(env).resolve() != Path(default_cache_dir()).resolve():
+        return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "longmoe" / "inductor"
 
 
 def use_cache_dir() -> Path:
-    """Point inductor at ``cache_dir()`` (unless the variable is set) with its local caches on."""
-    path = cache_dir()
-    os.environ.setdefault(CACHE_ENV, str(path))
+    """Point inductor at ``cache_dir()`` with its local caches (FX graph, AOTAutograd) on."""
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
+    from torch._inductor.utils import clear_caches
 
+    path = cache_dir()
+    if os.environ.get(CACHE_ENV) != str(path):
+        os.environ[CACHE_ENV] = str(path)
+        clear_caches()  # in-memory lookups keyed by the old directory, as torch's own switch does
     inductor_config.fx_graph_cache = True
     functorch_config.enable_autograd_cache = True
-    return Path(os.environ[CACHE_ENV])
+    return path
 
 
 def _decode_logits(model: LongMoE, x: torch.Tensor, cache: Cache) -> torch.Tensor:

@@ -74,8 +74,8 @@ def test_background_warmup_serves_eagerly_then_compiled():
 @pytest.mark.slow
 def test_inductor_decode_tokens_identical():
     """The real path as ``--compile`` runs it (inductor's C++ build in a background warm-up, on-disk
-    cache in ``cache_dir()``): eager's greedy tokens while it compiles and after. Slow: 204 s with an
-    empty cache on this loaded 2-core machine (42 s warm)."""
+    cache in ``cache_dir()``): eager's greedy tokens while it compiles and after. Slow: 51-204 s with an
+    empty cache on this shared 2-core machine, by its load (11-42 s warm)."""
     want = _eager_tokens()
     torch._dynamo.reset()
     e = Engine(tiny_model(**SMALL), tokenizer_for_tests(VOCAB), EngineConfig(prefill_chunk=16, compile=True))
