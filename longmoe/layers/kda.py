@@ -15,6 +15,7 @@ masks taps that would reach into the previous document.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -125,7 +126,10 @@ class KDALayer(nn.Module):
         tail = xp[:, T:]  # [B, W-1, C]
         taps = None if state is None else state.taps  # prefix reuse: states at chunk boundaries
         # the operator chooses its own precision (fp32 state and scan for bf16 inputs): keep autocast out
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        # (entered only when on: an autocast region in a compiled graph bypasses AOTAutograd's disk cache)
+        dev = x.device.type
+        on = torch.is_autocast_enabled(dev)
+        with torch.autocast(device_type=dev, enabled=False) if on else contextlib.nullcontext():
             if state is not None and T == 1:  # decode: one step of the recurrence
                 o, new_state = kda_step(
                     q[:, 0], k[:, 0], v[:, 0], g[:, 0].to(q.dtype), beta[:, 0].to(q.dtype), state.state

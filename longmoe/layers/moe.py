@@ -18,6 +18,7 @@ call with an all-to-all over expert-parallel ranks.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -115,7 +116,10 @@ class MoELayer(nn.Module):
         aux = self.training and cfg.balancer == "aux"
         W_r = self.router.weight  # [E, d]
         # the router is fp32 even under autocast (which would run F.linear in bf16 and round the logits)
-        no_autocast = torch.autocast(device_type=xf.device.type, enabled=False)
+        # (entered only when on: an autocast region in a compiled graph bypasses AOTAutograd's disk cache)
+        dev = xf.device.type
+        on = torch.is_autocast_enabled(dev)
+        no_autocast = torch.autocast(device_type=dev, enabled=False) if on else contextlib.nullcontext()
         with torch.set_grad_enabled(aux and torch.is_grad_enabled()), no_autocast:
             logits = F.linear(xf.float(), W_r.float())  # [N, E] router in fp32
             scores, idx, w = route(

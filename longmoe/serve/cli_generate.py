@@ -18,6 +18,7 @@ from pathlib import Path
 
 from longmoe.argtypes import device
 from longmoe.ops.quant import MODES as QUANT_MODES
+from longmoe.serve.compiled import announce
 from longmoe.serve.engine import Engine
 from longmoe.serve.errors import EngineError
 from longmoe.serve.images import ImageInputError, file_patches
@@ -44,7 +45,13 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the decode/prefill steps (compiles at the first requests; see docs/serve.md)",
+        help="torch.compile the decode step (compiled graphs cached on disk; see docs/serve.md)",
+    )
+    p.add_argument(
+        "--compile-warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --compile: compile in the background at start, eager steps until ready (default on)",
     )
     p.add_argument(
         "--prefix-cache",
@@ -73,6 +80,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         cache_budget_bytes=int(args.cache_budget_mb * 2**20),
         quantize=args.quantize,
         compile=args.compile,
+        compile_warmup=args.compile_warmup,
         prefix_cache=args.prefix_cache,
         prefix_block_size=args.prefix_block_size,
         draft_model=args.draft_model,
@@ -151,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
     except (SamplingError, ValueError, FileNotFoundError) as e:
         print(f"longmoe generate: error: {e}", file=sys.stderr)
         return 2
+    if engine.compiled is not None:
+        print(announce(engine.compiled, args.compile_warmup), file=sys.stderr)
     with engine:
         if args.json_schema:
             try:

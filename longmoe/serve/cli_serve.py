@@ -17,6 +17,7 @@ from longmoe.serve.api import create_app, uvicorn_config
 from longmoe.serve.api.app import DEFAULT_MAX_CONNECTIONS
 from longmoe.serve.api.state import DEFAULT_BODY_TIMEOUT_S, LOCAL_HOSTS
 from longmoe.serve.cli_generate import add_engine_arguments, engine_from_args
+from longmoe.serve.compiled import announce
 
 API_KEY_ENV = "LONGMOE_API_KEY"
 _ANY_ADDRESS = ("0.0.0.0", "::", "")
@@ -97,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"serving model '{name}' on http://{args.host}:{args.port} (api key {'on' if key else 'off'}; "
           f"hosts {', '.join(hosts)})")  # fmt: skip
+    if engine.compiled is not None:
+        print(announce(engine.compiled, args.compile_warmup), file=sys.stderr)
     if args.host in _ANY_ADDRESS and args.allowed_hosts is None:
         print(
             "note: bound to every interface; add this machine's names with --allowed-hosts", file=sys.stderr

@@ -78,6 +78,8 @@ class Engine:
             banned=banned,
         )
         self.model, self.device = self.runner.model, self.runner.device
+        if self.runner.compiled is not None and c.compile_warmup:  # serve eagerly while it compiles
+            self.runner.compiled.warmup(background=True)
         self.speculator = self.runner.speculator
         self.spec = CacheSpec.of_cache(self.runner.new_cache())
         self.budget = CacheBudget(self.spec, c.cache_budget_bytes, c.block_size)
@@ -252,6 +254,7 @@ class Engine:
             **(self.prefix.report() if self.prefix is not None else {}),
             **self.sessions.report(),
             **(self.speculator.report() if self.speculator is not None else {}),
+            **(self.compiled.report() if self.compiled is not None else {}),
         }
 
     def close(self) -> None:

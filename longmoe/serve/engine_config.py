@@ -26,7 +26,9 @@ class EngineConfig:
     # on purpose: NoPE + KDA have no positional limit, and extrapolation tests run past the window.
     max_context: int | None = None
     quantize: str | None = None  # "int8" | "int4": weight-only, applied to the model at construction
-    compile: bool = False  # torch.compile the decode and prefill steps (serve/compiled.py)
+    compile: bool = False  # torch.compile the decode step (serve/compiled.py)
+    # with compile: build the decode graphs in a background thread at start (eager steps until ready)
+    compile_warmup: bool = True
     prefix_cache: bool = True  # reuse snapshots of earlier prompts' block-aligned prefixes
     # prefix reuse granularity: snapshots (recurrent states) every this many tokens, hits at its multiples
     # (or a finished request's exact end); a multiple of the model's KDA chunk (16) for states inside a

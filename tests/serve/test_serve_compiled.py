@@ -1,0 +1,89 @@
+"""``--compile`` (serve/compiled.py): the decode step compiles once per graph kind (``B == 1``, ``B >= 2``)
+and never again as contexts grow and batches change (a recompile is counted and fails here); inductor's
+real build gives eager's greedy tokens; a background warm-up serves eagerly until its graphs are ready."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from longmoe.serve.compiled import CompiledSteps, cache_dir
+from longmoe.serve.engine import Engine, EngineConfig
+from longmoe.serve.sampling import SamplingParams
+from tests.helpers.models import VOCAB, tiny_model
+from tests.helpers.tokenizer import tokenizer_for_tests
+
+# one KDA layer (dense FFN) and one MLA layer (MoE FFN): every static-shape path, a quarter of the tracing
+SMALL = {"n_layers": 2, "layer_pattern": "LM", "attn_res_blocks": 2}
+PROMPTS = ["import os", "class Foo(object):\n    def", "x = [1, 2, 3]\nfor"]
+MAX_TOKENS = [70, 40, 12]  # the batch shrinks 3 -> 2 -> 1; contexts cross the 64-token capacity bucket
+MORE_PROMPTS = ["def main(argv):\n    return", "while True:", "print('hello, world')", "y = x * 2"]
+
+
+def _params(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def _engine() -> Engine:
+    cfg = EngineConfig(prefill_chunk=16)
+    return Engine(tiny_model(**SMALL), tokenizer_for_tests(VOCAB), cfg)
+
+
+def _tokens(e: Engine, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> list[list[int]]:
+    return [c.token_ids for c in e.generate_batch(prompts, [_params(n) for n in max_tokens])]
+
+
+def _eager_tokens() -> list[list[int]]:
+    with _engine() as e:
+        return _tokens(e)
+
+
+def _compiled(backend: str) -> Engine:
+    torch._dynamo.reset()
+    e = _engine()
+    e.compiled = CompiledSteps(e.model, backend=backend)
+    return e
+
+
+def test_steady_decode_never_recompiles():
+    """Dynamo capture (eager backend): two decode graphs, then batch sizes 1-4 and contexts past a
+    capacity bucket compile nothing again; the counts reach ``Engine.stats()``."""
+    e = _compiled("eager")
+    assert _tokens(e) == _eager_tokens()
+    _tokens(e, MORE_PROMPTS, (90, 30, 20, 5))
+    stats = e.stats()
+    e.close()
+    assert stats["recompiles"] == 0, stats
+    assert stats["compiled_graphs"] == 2 and stats["compile_seconds"] > 0
+
+
+def test_background_warmup_serves_eagerly_then_compiled():
+    """Requests right after the engine starts run eagerly while the warm-up compiles, with the same
+    tokens; afterwards both graphs are ready and nothing compiles again."""
+    want = _eager_tokens()
+    e = _compiled("eager")
+    e.compiled.warmup(background=True)
+    assert _tokens(e) == want
+    e.compiled.join()
+    assert e.compiled.ready(1) and e.compiled.ready(3)
+    assert _tokens(e) == want
+    assert e.stats()["recompiles"] == 0 and e.stats()["compile_warming_up"] == 0
+    e.close()
+
+
+@pytest.mark.slow
+def test_inductor_decode_tokens_identical():
+    """The real path as ``--compile`` runs it (inductor's C++ build in a background warm-up, on-disk
+    cache in ``cache_dir()``): eager's greedy tokens while it compiles and after. Slow: 51-204 s with an
+    empty cache on this shared 2-core machine, by its load (11-42 s warm)."""
+    want = _eager_tokens()
+    torch._dynamo.reset()
+    e = Engine(tiny_model(**SMALL), tokenizer_for_tests(VOCAB), EngineConfig(prefill_chunk=16, compile=True))
+    assert e.compiled is not None and e.compiled.backend == "inductor"
+    assert _tokens(e) == want
+    e.compiled.join()
+    assert e.compiled.ready(1) and e.compiled.ready(2)
+    assert _tokens(e) == want
+    assert e.stats()["recompiles"] == 0
+    assert e.compiled.cache_path is not None and e.compiled.cache_path == cache_dir()
+    e.close()
