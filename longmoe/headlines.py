@@ -170,7 +170,7 @@ def _packed_attention(d: dict) -> list[Headline]:
 
 def _quant(d: dict) -> list[Headline]:
     v = d["variants"]
-    f, q8, q4 = v["fp32"], v["int8"], v["int4"]
+    f, q4 = v["fp32"], v["int4"]
     mib = 2**20
     if "kl_from_fp32" not in q4:  # written before the KL columns (a barely trained model)
         return [
@@ -193,7 +193,7 @@ def _quant(d: dict) -> list[Headline]:
             "one trained model, 4 held-out documents x 4K positions",
             readme=True,
         )
-        for name, x in (("int8", q8), ("int4", q4))
+        for name, x in (("int8", v["int8"]), ("int4", q4))
     ]
 
 
