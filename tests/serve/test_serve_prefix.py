@@ -12,6 +12,7 @@ import torch
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 from tests.helpers.models import VOCAB
+from tests.helpers.server import wait_idle
 
 BS = 8
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -112,10 +113,11 @@ def test_reusing_a_snapshot_never_changes_it(model_dir, plain):
         base = ids(33, 30)
         e.generate(base, GREEDY)
         assert e.prefix is not None
+        wait_idle(e)  # the engine thread stores a finished request's snapshot after its result is out
         before = {k: [t.clone() for t in tensors(n)] for k, n in e.prefix.nodes.items()}
         for tail in range(3):
             e.generate(base + ids(4, tail), SAMPLED)
-        assert e.stats()["prefix_hits"] == 3
+        assert wait_idle(e)["prefix_hits"] == 3
         for k, old in before.items():
             assert all(torch.equal(x, y) for x, y in zip(old, tensors(e.prefix.nodes[k]), strict=True))
         again = base + ids(4, 0)
