@@ -70,10 +70,8 @@ def _demo_tables(root: Path) -> dict[str, str]:
 
 def sources(root: Path = ROOT) -> dict[str, str]:
     """Table name -> the text that belongs between its markers."""
-    out = {
-        f"bench:{p.stem}": _bench_table(p.stem, root)
-        for p in sorted((root / "bench" / "results").glob("*.md"))
-    }
+    results = root / "bench" / "results"  # a table renders a result JSON; a lone .md (a profile) is none
+    out = {f"bench:{p.stem}": _bench_table(p.stem, root) for p in sorted(results.glob("*.json"))}
     out.update(_demo_tables(root))
     out["headline"] = headline_table(collect(default_dirs(root)), root)
     return out

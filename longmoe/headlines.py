@@ -264,6 +264,35 @@ def _serve_prefix(d: dict) -> list[Headline]:
     ]
 
 
+def _cpu_serve(d: dict) -> list[Headline]:
+    threads = max(d["runs"], key=int)
+    m = d["runs"][threads]["measured"]
+    ctx = min(m["decode"], key=int)
+    dec = {a: statistics.median(v) for a, v in m["decode"][ctx].items()}
+    n = max(m["prefill"], key=int)
+    pre = {a: int(n) / statistics.median(v) for a, v in m["prefill"][n].items()}
+    ours, peer = "longmoe fp32 --compile", "llama.cpp f32"
+    spread = f"medians of {len(m['decode'][ctx][ours])} round-robin rounds, {threads} threads"
+    return [
+        Headline(
+            f"CPU batch-1 decode vs llama.cpp, ~0.3B Kimi-Linear, context {int(ctx):,} (ms/token)",
+            f"{dec[ours]:.1f} (fp32, --compile); int8 {dec['longmoe int8']:.1f}",
+            f"llama.cpp f32 {dec[peer]:.1f} ({dec[ours] / dec[peer]:.1f}× faster); "
+            f"q8_0 {dec['llama.cpp q8_0']:.1f}",
+            spread,
+            readme=True,
+        ),
+        Headline(
+            f"CPU prefill vs llama.cpp, {int(n):,}-token prompt (tok/s)",
+            f"{pre['longmoe fp32']:.0f} (fp32); int8 {pre['longmoe int8']:.0f}",
+            f"llama.cpp f32 {pre[peer]:.0f} ({pre['longmoe fp32'] / pre[peer]:.2f}×); "
+            f"q8_0 {pre['llama.cpp q8_0']:.0f}",
+            spread,
+            readme=True,
+        ),
+    ]
+
+
 def _rollout(d: dict) -> list[Headline]:
     n = max(r["episodes"] for r in d["rows"] if r["mode"] == "session" and r["speedup_vs_reprefill"] > 1)
     s = next(r for r in d["rows"] if r["episodes"] == n and r["mode"] == "session")
@@ -327,6 +356,7 @@ HEADLINES: dict[str, Callable[[dict], list[Headline]]] = {
     "serve_compile": _serve_compile,
     "serve_prefix": _serve_prefix,
     "spec": _spec,
+    "cpu_serve": _cpu_serve,
     "quant": _quant,
     "rollout": _rollout,
     "load": _load,
