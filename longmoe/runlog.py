@@ -17,6 +17,21 @@ from longmoe.checkpoint import METRICS
 log = logging.getLogger(__name__)
 
 
+def read_jsonl(path: Path) -> list[Any]:
+    """The records of a JSON-lines results file, in order; none for a missing file. A line that does not
+    parse (the torn last line of a killed run) is skipped: results files are appended item by item and
+    resumed from what they hold."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
 def read_metrics_lines(path: Path) -> list[str]:
     """The lines of ``metrics.jsonl`` that parse. A process killed mid-write leaves a truncated last
     line; it (and any other unreadable line) is dropped with a warning so the run can resume."""

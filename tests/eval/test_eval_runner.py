@@ -12,6 +12,7 @@ from longmoe.cli import main
 from longmoe.eval.clients import ClientError, EndpointClient, Reply
 from longmoe.eval.longctx import runner
 from longmoe.eval.plots import plot_run
+from longmoe.runlog import read_jsonl
 from longmoe.tasks import TaskError
 
 
@@ -138,7 +139,7 @@ def test_runner_scores_resumes_and_limits(fake, tok, tmp_path):
     assert len(fake.requests) == 8
     with (tmp_path / runner.RESULTS_FILE).open("a") as fh:
         fh.write('{"id": "torn')  # a run killed mid-write
-    lines = runner.read_results(tmp_path / runner.RESULTS_FILE)
+    lines = read_jsonl(tmp_path / runner.RESULTS_FILE)
     assert sorted(r["id"] for r in lines) == sorted(g.id for g in grid)
     s = runner.write_summary(tmp_path)
     acc = {r["task"]: r["all"] for r in s["by_length"]}

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from longmoe.runlog import read_jsonl
 from longmoe.tasks.documents import Document, canonical_json, held_out_seeds, render
 
 RESULTS_FILE = "extract_results.jsonl"
@@ -165,18 +166,6 @@ def max_new_tokens(doc: Document, count: Callable[[str], int], slack: float = 1.
     return int(slack * count(doc.target)) + 8
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line from a killed run
-            continue
-    return rows
-
-
 def run_extract(
     client: Any,
     families: list[str],
@@ -196,7 +185,7 @@ def run_extract(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS_FILE
-    done = {r.get("id") for r in read_rows(path)}
+    done = {r.get("id") for r in read_jsonl(path)}
     todo = [(f, s) for f in families for s in held_out_seeds(n, offset) if f"{f}:{s}" not in done]
     if len(done):
         log(f"resuming: {len(done)} documents already scored in {path}")
@@ -228,7 +217,7 @@ def run_extract(
 def write_summary(out_dir: str | Path, families: list[str] | None = None) -> dict[str, Any]:
     """Recompute the summary from ``OUT/extract_results.jsonl`` (only ``families`` when given)."""
     out = Path(out_dir)
-    rows = [r for r in read_rows(out / RESULTS_FILE) if families is None or r["family"] in families]
+    rows = [r for r in read_jsonl(out / RESULTS_FILE) if families is None or r["family"] in families]
     summary = summarize(rows)
     (out / SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
     (out / SUMMARY_MD).write_text(markdown_summary(summary) if rows else "no results\n")

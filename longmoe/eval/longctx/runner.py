@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.eval.scoring import METRICS, score
+from longmoe.runlog import read_jsonl
 from longmoe.tasks import TaskError, TaskItem, generate, parse_tasks
 
 RESULTS_FILE = "results.jsonl"
@@ -101,19 +102,6 @@ def build_grid(
     return out
 
 
-def read_results(path: Path) -> list[dict[str, Any]]:
-    """Rows of a results file; a torn last line (a killed run) is ignored."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
 def max_new_tokens(item: TaskItem, tokenizer: Tokenizer, cap: int | None = None) -> int:
     """Room for the answer: twice its token count plus slack (a separator, a trailing newline)."""
     n = 2 * len(tokenizer.encode(" " + item.answer_text())) + 8
@@ -139,7 +127,7 @@ def run_grid(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS_FILE
-    done = {r.get("id") for r in read_results(path)}
+    done = {r.get("id") for r in read_jsonl(path)}
     todo = [g for g in grid if g.id not in done]
     skipped = len(grid) - len(todo)
     if limit is not None:
@@ -271,7 +259,7 @@ def _fmt_len(n: int) -> str:
 def write_summary(out_dir: str | Path) -> dict[str, Any]:
     """Recompute the summary from all of ``OUT/results.jsonl`` and write the JSON and markdown forms."""
     out = Path(out_dir)
-    rows = read_results(out / RESULTS_FILE)
+    rows = read_jsonl(out / RESULTS_FILE)
     summary = summarize(rows)
     (out / SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
     (out / SUMMARY_MD).write_text(markdown_summary(summary) if rows else "no results\n")

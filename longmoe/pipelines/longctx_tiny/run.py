@@ -29,6 +29,7 @@ from longmoe.pipelines.longctx_tiny.config import RecipeConfig
 from longmoe.pipelines.longctx_tiny.report import write_report
 from longmoe.pipelines.longctx_tiny.result import AnswerLoss, EvalResult, RecipeResult, TrainResult
 from longmoe.presets import preset
+from longmoe.runlog import read_jsonl
 from longmoe.train.config import TrainConfig
 from longmoe.train.mix import SYNTHETIC_TASKS
 from longmoe.train.pretrain import Trainer, train_tokenizer
@@ -163,7 +164,7 @@ def eval_one(rc: RecipeConfig, run_dir: Path, progress: bool = True) -> EvalResu
         by_variant=summary["by_variant"],
         ppl=json.loads(ppl_file.read_text()),
         answer_nll=[AnswerLoss(**a) for a in json.loads(nll_file.read_text())],
-        predictions=[r["prediction"].strip() for r in runner.read_results(out / runner.RESULTS_FILE)],
+        predictions=[r["prediction"].strip() for r in read_jsonl(out / runner.RESULTS_FILE)],
     )
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from longmoe.data.tokenizer import Tokenizer
-from longmoe.eval.extract.harness import RESULTS_FILE, read_rows, run_extract
+from longmoe.eval.extract.harness import RESULTS_FILE, run_extract
 from longmoe.eval.extract.local import ModelExtractClient
 from longmoe.model import LongMoE
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig
@@ -21,6 +21,7 @@ from longmoe.pipelines.vision_extract.data import char_tokenizer
 from longmoe.pipelines.vision_extract.report import write_report
 from longmoe.pipelines.vision_extract.result import Example, VisionExtractResult
 from longmoe.pipelines.vision_extract.train import pretrain_check, train_extractor
+from longmoe.runlog import read_jsonl
 from longmoe.tasks.documents import render
 
 CONFIG_OUT = "config.json"
@@ -50,7 +51,7 @@ def evaluate(
 def pick_examples(out: Path, rc: VisionExtractConfig) -> list[Example]:
     """A few held-out documents per family from the main model's results (worst first, then best),
     their images saved under ``OUT/examples/`` for the report's figure."""
-    rows = read_rows(out / "main" / "eval" / RESULTS_FILE)
+    rows = read_jsonl(out / "main" / "eval" / RESULTS_FILE)
     (out / EXAMPLES_DIR).mkdir(parents=True, exist_ok=True)
     exs = []
     for fam in rc.eval_families:
