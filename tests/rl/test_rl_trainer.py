@@ -17,16 +17,6 @@ from longmoe.model import WEIGHTS_FILE
 from longmoe.rl.config import RLConfig, rl_engine_config
 from longmoe.rl.trainer import RLTrainer, token_tensors
 from tests.helpers.agent import FakeEnv
-from tests.helpers.models import VOCAB, tiny_model
-from tests.helpers.tokenizer import tokenizer_for_tests
-
-
-@pytest.fixture(scope="module")
-def init_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("rl_init")
-    tiny_model().save_pretrained(d)
-    tokenizer_for_tests(VOCAB).save(d)
-    return d
 
 
 def config(init: Path, **kw) -> RLConfig:
@@ -51,8 +41,8 @@ def test_token_tensors_shift_masks_and_advantages():
     assert m["adv"][0].tolist() == [0, 0.5, 0.5, 0, -1.0, -1.0]
 
 
-def test_steps_log_metrics_kl_starts_at_zero_and_rollouts_use_the_updated_policy(init_dir, tmp_path):
-    tr = RLTrainer(tmp_path / "run", config(init_dir, steps=2, minibatches=1), env_factory=fake)
+def test_steps_log_metrics_kl_starts_at_zero_and_rollouts_use_the_updated_policy(model_dir, tmp_path):
+    tr = RLTrainer(tmp_path / "run", config(model_dir, steps=2, minibatches=1), env_factory=fake)
     tr.fit()
     first, rec = [json.loads(ln) for ln in (tmp_path / "run" / METRICS).read_text().splitlines()]
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # the first update starts at the reference
@@ -65,14 +55,14 @@ def test_steps_log_metrics_kl_starts_at_zero_and_rollouts_use_the_updated_policy
     assert (tmp_path / "run" / "final" / WEIGHTS_FILE).exists()
 
 
-def test_resume_equals_uninterrupted(init_dir, tmp_path):
+def test_resume_equals_uninterrupted(model_dir, tmp_path):
     # one episode in the engine at a time: the batch composition (and so the last bits of the rollout
     # logprobs) is then the same in both runs, and the weights can be compared exactly
     a = tmp_path / "a"
-    RLTrainer(a, config(init_dir, engine=rl_engine_config(max_batch=1)), env_factory=fake).fit()
+    RLTrainer(a, config(model_dir, engine=rl_engine_config(max_batch=1)), env_factory=fake).fit()
     b = tmp_path / "b"
     RLTrainer(
-        b, config(init_dir, engine=rl_engine_config(max_batch=1)), max_steps=2, env_factory=fake
+        b, config(model_dir, engine=rl_engine_config(max_batch=1)), max_steps=2, env_factory=fake
     ).fit()  # checkpoint at 2
     assert [p.name for p in list_checkpoints(b)][-1] == "step-00000002"
     with open(b / METRICS, "a") as f:
@@ -91,8 +81,9 @@ def test_resume_equals_uninterrupted(init_dir, tmp_path):
     assert ra[0]["reward"] != ra[-1]["reward"] or ra[0]["kl"] != ra[-1]["kl"]  # it did train
 
 
-def test_frozen_router_does_not_drift(init_dir, tmp_path):
-    tr = RLTrainer(tmp_path / "run", config(init_dir, steps=2, freeze_router=True, lr=5e-3), env_factory=fake)
+def test_frozen_router_does_not_drift(model_dir, tmp_path):
+    cfg = config(model_dir, steps=2, freeze_router=True, lr=5e-3)
+    tr = RLTrainer(tmp_path / "run", cfg, env_factory=fake)
     before = [m.router.weight.detach().clone() for m in tr.policy.moe_layers()]
     bias = [m.bias.clone() for m in tr.policy.moe_layers()]
     tr.fit()
@@ -107,11 +98,11 @@ class NoRewardEnv(FakeEnv):
         return res
 
 
-def test_no_signal_no_step(init_dir, tmp_path):
+def test_no_signal_no_step(model_dir, tmp_path):
     """Every group's rewards equal and the policy at the reference: nothing to learn, so the weights
     stay exactly as they were (Adam would otherwise take a full step on rounding noise), and so does
     the balancing bias (moving it would change the routing with no signal)."""
-    cfg = config(init_dir, steps=1, minibatches=2)
+    cfg = config(model_dir, steps=1, minibatches=2)
     tr = RLTrainer(tmp_path / "run", cfg, env_factory=lambda h: NoRewardEnv(turns=2))
     before = {k: v.clone() for k, v in tr.policy.named_parameters()}
     bias = [m.bias.clone() for m in tr.policy.moe_layers()]
@@ -123,11 +114,11 @@ def test_no_signal_no_step(init_dir, tmp_path):
         assert torch.equal(m.bias, b)
 
 
-def test_tis_ratio_is_exactly_one_at_the_first_update_and_weights_one_on_equal_logprobs(init_dir, tmp_path):
+def test_tis_ratio_is_exactly_one_at_the_first_update_and_weights_one_on_equal_logprobs(model_dir, tmp_path):
     # one micro-batch, one minibatch: the PPO ratio is taken against the trainer's own forward, so the
     # first (only) update sees ρ = 1 bit for bit, whatever the engine's last bits were
     tr = RLTrainer(
-        tmp_path / "run", config(init_dir, steps=1, minibatches=1, micro_batch=8), env_factory=fake
+        tmp_path / "run", config(model_dir, steps=1, minibatches=1, micro_batch=8), env_factory=fake
     )
     try:
         trajs = tr.rollouts()
@@ -145,10 +136,10 @@ def test_tis_ratio_is_exactly_one_at_the_first_update_and_weights_one_on_equal_l
         tr.close()
 
 
-def test_tis_off_takes_the_ratio_against_the_rollout_logprobs(init_dir, tmp_path):
+def test_tis_off_takes_the_ratio_against_the_rollout_logprobs(model_dir, tmp_path):
     tr = RLTrainer(
         tmp_path / "run",
-        config(init_dir, steps=1, minibatches=1, micro_batch=8, tis_cap=None),
+        config(model_dir, steps=1, minibatches=1, micro_batch=8, tis_cap=None),
         env_factory=fake,
     )
     try:
