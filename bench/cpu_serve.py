@@ -65,6 +65,7 @@ class LongArm:
         self.model = self.engine.model
         self.fn = self.engine.compiled or (lambda x, cache: self.model(x, cache=cache).logits)
 
+    @torch.inference_mode()  # as the engine's loop runs its steps
     def prefill(self, ids: list[int]):
         cache = self.model.new_cache(1)
         x = torch.tensor([ids])
@@ -72,6 +73,7 @@ class LongArm:
             self.fn(x[:, i : i + CHUNK], cache)
         return cache
 
+    @torch.inference_mode()
     def decode(self, state, n: int) -> float:
         c, x = state.clone(), torch.tensor([[7]])
         self.fn(x, c)  # untimed: grows the latent buffer once

@@ -30,6 +30,7 @@ from longmoe.layers.norm import RMSNorm
 from longmoe.ops.attention import packed_causal_attention
 
 DECODE_PATHS = ("absorbed", "naive")
+FOLD_MAX_QUERIES = 256  # absorbed attention: heads·tokens up to which heads fold into one query axis
 
 
 class MLALayer(nn.Module):
@@ -89,7 +90,6 @@ class MLALayer(nn.Module):
     ) -> torch.Tensor:
         """``x [B, T, d]``. With ``state`` the new cache rows are appended after ``seq_lens [B]`` per row."""
         B, T, _ = x.shape
-        H = self.H
         q, c, gate = self.project(x)  # [B, H, T, Dk], [B, T, d_c + d_r], [B, T, H*Dv]
         mask, causal = None, False
         if state is None:
@@ -109,22 +109,41 @@ class MLALayer(nn.Module):
                     q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale
                 )
         elif path == "absorbed":
-            w_uk, w_uv = self._w_uk_uv()
-            kv = ctx.unsqueeze(1).expand(B, H, ctx.shape[1], ctx.shape[2])  # [B, H, S, d_c + d_r] (a view)
-            if self.d_r:  # keys [c | k_r] against [W_ukᵀ q | q_r]; values are the latent c alone
-                q_abs = torch.einsum("bhtk,hkc->bhtc", q[..., : self.Dq], w_uk)  # [B, H, T, d_c]
-                q_abs = torch.cat([q_abs, q[..., self.Dq :]], dim=-1)  # [B, H, T, d_c + d_r]
-                k_lat, v_lat = kv, kv[..., : self.d_c]
-            else:
-                q_abs = torch.einsum("bhtk,hkc->bhtc", q, w_uk)  # [B, H, T, d_c]
-                k_lat = v_lat = kv
-            o_lat = F.scaled_dot_product_attention(
-                q_abs, k_lat, v_lat, attn_mask=mask, is_causal=causal, scale=self.scale
-            )  # [B, H, T, d_c]
-            o = torch.einsum("bhtc,hvc->bhtv", o_lat, w_uv)  # [B, H, T, Dv]
+            o = self._attend_absorbed(q, ctx, mask)  # [B, H, T, Dv]
         else:
             raise ValueError(f"decode_path: expected one of {DECODE_PATHS}, got {path!r}")
         return self.output(o, gate)
+
+    def _attend_absorbed(self, q: torch.Tensor, ctx: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attend ``q [B, H, T, Dk]`` directly against the cache rows ``ctx [B, S, d_c + d_r]`` (mask
+        ``[B|1, 1, T, S]`` or None) -> ``[B, H, T, Dv]``.
+
+        Every head attends over the *same* rows. For a decode-sized call (``H·T ≤ FOLD_MAX_QUERIES``)
+        the heads are folded into the query axis (``[B, 1, H·T, d_c + d_r]``, one "head" of ``H·T``
+        queries), so the cache is read once, not once per head (through a stride-0 per-head view the
+        CPU kernel copies it ``H`` times: 4× the whole decode step at 16K context). A long chunk keeps
+        the per-head view, whose mask broadcasts instead of being repeated ``H`` times. Values are the
+        whole rows and the output keeps the first ``d_c`` columns (the latent ``c``): ``d_r`` extra
+        columns of work instead of a strided copy of the cache.
+        """
+        B, H, T, _ = q.shape
+        w_uk, w_uv = self._w_uk_uv()
+        q_abs = torch.einsum("bhtk,hkc->bhtc", q[..., : self.Dq], w_uk)  # [B, H, T, d_c]
+        if self.d_r:  # keys [c | k_r] against [W_ukᵀ q | q_r]
+            q_abs = torch.cat([q_abs, q[..., self.Dq :]], dim=-1)  # [B, H, T, d_c + d_r]
+        C, S = ctx.shape[-1], ctx.shape[1]
+        if H * T <= FOLD_MAX_QUERIES:
+            kv = ctx.unsqueeze(1)  # [B, 1, S, C]
+            if mask is not None:  # query (h, t) has query t's mask
+                mask = mask.expand(mask.shape[0], H, T, S).reshape(mask.shape[0], 1, H * T, S)
+            o_lat = F.scaled_dot_product_attention(
+                q_abs.reshape(B, 1, H * T, C), kv, kv, attn_mask=mask, scale=self.scale
+            ).view(B, H, T, C)
+        else:
+            kv = ctx.unsqueeze(1).expand(B, H, S, C)  # [B, H, S, C] (a view)
+            o_lat = F.scaled_dot_product_attention(q_abs, kv, kv, attn_mask=mask, scale=self.scale)
+        o_lat = o_lat[..., : self.d_c]  # [B, H, T, d_c]
+        return torch.einsum("bhtc,hvc->bhtv", o_lat, w_uv)  # [B, H, T, Dv]
 
     # the three pieces around the attention (also the seam context parallelism builds on)
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

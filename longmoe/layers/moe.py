@@ -29,7 +29,15 @@ from longmoe.config import FFNConfig
 from longmoe.layers import balance
 from longmoe.layers.mlp import GLUMLP
 from longmoe.layers.quant import QuantExperts
-from longmoe.ops.moe import combine_weights, dispatch_experts, gather_experts, route, selected_logits
+from longmoe.ops.moe import (
+    DECODE_MAX_PAIRS,
+    combine_weights,
+    decode_experts,
+    dispatch_experts,
+    gather_experts,
+    route,
+    selected_logits,
+)
 
 PARAM_KEYS = ("router", "latent_proj", "routed_experts", "shared_experts")
 ENTROPY_TOKENS = 512  # tokens per forward the router-entropy metric is estimated on
@@ -168,7 +176,10 @@ class MoELayer(nn.Module):
         w_in, w_out = self.w_in.to(z.dtype), self.w_out.to(z.dtype)
         if self.expert_dispatch is not None:  # the seam (expert parallel)
             return self.expert_dispatch(z, idx, w, w_in, w_out)
-        if self.static_shapes and idx.numel() <= GATHER_MAX_PAIRS:
+        grad = torch.is_grad_enabled() and (z.requires_grad or w.requires_grad or w_in.requires_grad)
+        if idx.numel() <= DECODE_MAX_PAIRS and not grad:  # decode: the chosen experts' weights only
+            return decode_experts(z, idx, w, w_in, w_out, self.cfg.glu)
+        if self.static_shapes and idx.numel() <= GATHER_MAX_PAIRS:  # with autograd: static shapes
             return gather_experts(z, idx, w, w_in, w_out, self.cfg.glu)
         if self.static_shapes:
             return _dispatch_untraced(z, idx, w, w_in, w_out, self.cfg.glu, self.impl)

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from longmoe.ops.glu import glu_act
+from longmoe.ops.moe.decode import by_expert
 
 MODES = ("int8", "int4")
 INT4_GROUPS = (256, 128, 64, 32)  # group sizes the CPU int4 kernel accepts
@@ -196,7 +197,6 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------- experts
-@torch.compiler.disable  # host loop over data-dependent experts: a compiled step runs it eagerly
 def quantized_experts(
     z: torch.Tensor,
     idx: torch.Tensor,
@@ -209,23 +209,40 @@ def quantized_experts(
 
     z [N, ℓ]; idx, weights [N, k]; ``w_in`` stacks ``[E, 2f, ℓ]`` (out × in), ``w_out`` ``[E, ℓ, f]``
     -> [N, ℓ]. The packed kernels are 2-D, so this loops over the experts that received tokens
-    (at most ``min(E, N·k)``: ``k`` per token at decode), each a gather, two kernel calls and a
-    scatter-add; the loop never visits an idle expert. Inference only (no autograd).
+    (``ops.moe.by_expert``: at most ``min(E, N·k)``, ``k`` per token at decode), two kernel calls each on
+    the expert's views; the loop never visits an idle expert. Inference only (no autograd). A
+    ``torch.library`` custom op, so a compiled step calls it as one node (no graph break).
     """
-    N, k = idx.shape
-    flat = idx.reshape(-1)  # [N·k] pair p = token * k + slot
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w_in.qweight.shape[0]).tolist()
-    tok = order // k
-    wsorted = weights.reshape(-1).index_select(0, order).to(z.dtype)  # [N·k]
-    out = torch.zeros_like(z)
-    start = 0
-    for e, c in enumerate(counts):
-        if c == 0:
-            continue
-        rows = tok[start : start + c]
-        h = quantized_linear(z.index_select(0, rows), w_in.expert(e))  # [c, 2f]
-        y = quantized_linear(glu_act(h, glu), w_out.expert(e))  # [c, ℓ]
-        out.index_add_(0, rows, y * wsorted[start : start + c, None])
-        start += c
-    return out
+    return _quantized_experts_op(
+        z, idx, weights, w_in.qweight, w_in.scales, w_out.qweight, w_out.scales, w_in.mode, glu,
+        [w_in.out_features, w_in.in_features, w_in.group_size],
+        [w_out.out_features, w_out.in_features, w_out.group_size],
+    )  # fmt: skip
+
+
+@torch.library.custom_op("longmoe::quantized_experts", mutates_args=())
+def _quantized_experts_op(
+    z: torch.Tensor,
+    idx: torch.Tensor,
+    weights: torch.Tensor,
+    in_q: torch.Tensor,
+    in_s: torch.Tensor,
+    out_q: torch.Tensor,
+    out_s: torch.Tensor,
+    mode: str,
+    glu: str,
+    in_shape: list[int],
+    out_shape: list[int],
+) -> torch.Tensor:
+    w_in = QuantizedWeight(mode, in_q, in_s, *in_shape)
+    w_out = QuantizedWeight(mode, out_q, out_s, *out_shape)
+
+    def expert(e: int, x: torch.Tensor) -> torch.Tensor:
+        return quantized_linear(glu_act(quantized_linear(x, w_in.expert(e)), glu), w_out.expert(e))
+
+    return by_expert(z, idx, weights, expert)
+
+
+@_quantized_experts_op.register_fake
+def _quantized_experts_shape(z, *args):  # noqa: ANN001, ANN002, ANN202 (the op's schema)
+    return torch.empty_like(z)

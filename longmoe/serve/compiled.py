@@ -6,7 +6,8 @@ mode ``"reduce-overhead"``). What makes that possible without graph breaks or a 
 
 - the model runs shape-static (``LongMoE.set_static_shapes``): MLA writes each row's latent at its own
   position and attends over the whole reserved buffer with a mask (no host read of the lengths),
-  routing has no data-dependent branch, and decode-sized MoE batches gather their experts' weights;
+  routing has no data-dependent branch, and decode-sized MoE batches run their chosen experts in one
+  custom op (``ops/moe/decode.py``, ``ops/quant.py`` for packed experts), opaque to dynamo;
 - before every call ``Cache.reserve`` sets the latent capacity to a power-of-two bucket, and the
   capacity (and, for ``B >= 2``, the batch) is marked symbolic *before* the first compile, so a
   growing context or a changing batch never compiles again: exactly two decode graphs, ``B == 1``
@@ -105,10 +106,8 @@ class CompiledSteps:
         model.set_static_shapes(True)
         cuda = next(model.parameters()).device.type == "cuda"
         mode = "reduce-overhead" if cuda and backend == "inductor" else None
-        # quantized experts loop over the active experts on the host: a graph break per MoE layer
-        whole = not getattr(model, "quantization", None)
         self.cache_path = use_cache_dir() if backend == "inductor" else None
-        self._decode = torch.compile(_decode_logits, backend=backend, mode=mode, fullgraph=whole)
+        self._decode = torch.compile(_decode_logits, backend=backend, mode=mode, fullgraph=True)
         self.compile_seconds = 0.0  # wall time of calls that compiled
         self.compiles: dict[str, float] = {}  # graph kind -> seconds its compile took
         self.recompiles = 0  # compiles of a kind already compiled (a guard failed): must stay 0

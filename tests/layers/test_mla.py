@@ -224,3 +224,28 @@ def test_default_has_no_shared_key_part():
     assert m.d_r == 0 and m.Dk == m.Dq and m.scale == 12**-0.5
     assert m.in_proj.weight.shape[0] == 16 + 8 + 3 * 10  # q down | kv down (d_c) | gate
     assert m.new_state(1, torch.device("cpu"), torch.float32).buf.shape[2] == 8
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("split", [1, 4, 11])
+def test_absorbed_head_folding_equals_per_head_attention(monkeypatch, split, static):
+    """Absorbed attention with the heads folded into one query axis (decode-sized calls) equals the
+    per-head view (long chunks), with and without the static-shape mask, rows of different lengths."""
+    from longmoe.layers import mla
+
+    m = layer(4)
+    m.static_shapes = static
+    x = torch.randn(2, 19, 32)
+    lens0 = torch.tensor([0, 5])
+    outs = {}
+    for fold in (0, 10**9):
+        monkeypatch.setattr(mla, "FOLD_MAX_QUERIES", fold)
+        m.decode_path = "absorbed"
+        st, lens, got = m.new_state(2, x.device, x.dtype), lens0.clone(), []
+        st.ensure_capacity(64)
+        with torch.no_grad():
+            for a in range(0, 19, split):
+                got.append(m(x[:, a : a + split], st, lens))
+                lens = lens + got[-1].shape[1]
+        outs[fold] = torch.cat(got, 1)
+    assert (outs[0] - outs[10**9]).abs().max() < TOL

@@ -11,6 +11,7 @@ from longmoe.ops.moe import (
     PAD_MULTIPLE,
     Layout,
     choose_tiers,
+    decode_experts,
     dense_reference,
     dispatch_experts,
     gather_experts,
@@ -137,3 +138,58 @@ def test_gather_experts_matches_dense_reference(glu, N):
         atol=1e-5,
         rtol=1e-5,
     )
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("glu", ["swiglu", "geglu"])
+@pytest.mark.parametrize("N", [1, 4, 21])
+def test_decode_experts_match_dense_reference(glu, N, dtype, tol):
+    """The decode-sized loop over the chosen experts' weight views equals the dense reference
+    (one token, a small batch, and 21·3 = 63 pairs, the most the MoE layer sends it)."""
+    z, idx, w, w_in, w_out = _problem(N=N, E=12, k=3, l=16, f=8, seed=N, dtype=dtype)
+    out = decode_experts(z, idx, w, w_in, w_out, glu)
+    ref = dense_reference(z.float(), idx, w.float(), w_in.float(), w_out.float(), glu)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+def test_decode_experts_never_read_an_idle_expert():
+    """Experts no pair chose hold NaN weights and the result stays finite and exact: only the chosen
+    experts' weights are read (the dense reference reads every expert, and NaN·0 is NaN)."""
+    z, _, w, w_in, w_out = _problem(N=5, E=12, k=2, l=16, f=8, seed=3)
+    idx = torch.tensor([[3, 7]] * 4 + [[7, 3]])  # every token on the same two experts
+    idle = torch.ones(12, dtype=torch.bool)
+    idle[[3, 7]] = False
+    ref = dense_reference(z, idx, w, w_in, w_out)
+    w_in[idle], w_out[idle] = float("nan"), float("nan")
+    torch.testing.assert_close(decode_experts(z, idx, w, w_in, w_out, "swiglu"), ref, atol=1e-5, rtol=1e-5)
+    assert dense_reference(z, idx, w, w_in, w_out).isnan().any()  # the test can fail
+
+
+def test_decode_experts_compile_as_one_node():
+    """Under torch.compile(fullgraph=True) the custom op is traced without a graph break."""
+    z, idx, w, w_in, w_out = _problem(N=1, E=12, k=3, l=16, f=8, seed=5)
+    step = torch.compile(lambda z, idx, w: decode_experts(z, idx, w, w_in, w_out, "swiglu") + 1,
+                         backend="aot_eager", fullgraph=True)  # fmt: skip
+    ref = dense_reference(z, idx, w, w_in, w_out) + 1
+    torch.testing.assert_close(step(z, idx, w), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_moe_layer_takes_the_decode_path_only_without_autograd(monkeypatch):
+    """No autograd and few pairs: decode_experts; with gradients (training): the differentiable dispatch.
+    Both give the same output."""
+    from longmoe.config import FFNConfig
+    from longmoe.layers import moe as moe_layer
+
+    torch.manual_seed(0)
+    layer = moe_layer.MoELayer(16, FFNConfig(kind="moe", n_experts=8, top_k=2, expert_hidden=8)).eval()
+    calls = []
+    real = moe_layer.decode_experts
+    monkeypatch.setattr(moe_layer, "decode_experts", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(1, 3, 16)
+    with torch.no_grad():
+        fast = layer(x)
+    assert calls == [1]
+    slow = layer(x.requires_grad_())
+    assert calls == [1]  # the grad path did not take it
+    torch.testing.assert_close(fast, slow.detach(), atol=1e-5, rtol=1e-5)

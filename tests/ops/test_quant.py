@@ -162,3 +162,16 @@ def test_quantized_experts_match_dense_reference(mode, N):
     full = dense_reference(z, idx, w, w_in, w_out)
     rel = (out - full).norm() / full.norm()
     assert rel < (0.02 if mode == "int8" else 0.3), rel  # and near the unquantized experts
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantized_experts_compile_as_one_node(mode):
+    """The packed experts are a custom op: torch.compile(fullgraph=True) traces a step through them."""
+    g = torch.Generator().manual_seed(4)
+    E, l, f = 4, 64, 32
+    qi = quantize_weight(torch.randn(E, 2 * f, l, generator=g), mode, compute_dtype=torch.float32)
+    qo = quantize_weight(torch.randn(E, l, f, generator=g), mode, compute_dtype=torch.float32)
+    z, idx, w = torch.randn(1, l, generator=g), torch.tensor([[2, 0]]), torch.rand(1, 2, generator=g)
+    step = torch.compile(lambda z, idx, w: quantized_experts(z, idx, w, qi, qo) * 2,
+                         backend="aot_eager", fullgraph=True)  # fmt: skip
+    torch.testing.assert_close(step(z, idx, w), quantized_experts(z, idx, w, qi, qo) * 2)

@@ -1,6 +1,9 @@
-"""Sparse MoE ops (docs/design.md §1.5): routing (``route``), dropless expert dispatch (``dispatch``), the
-static-shape per-pair gather for decode (``gather``) and the dense every-expert reference (``naive``)."""
+"""Sparse MoE ops (docs/design.md §1.5): routing (``route``), dropless expert dispatch (``dispatch``),
+the decode-sized loop over the chosen experts (``decode``), the static-shape per-pair gather
+(``gather``) and the dense every-expert reference (``naive``)."""
 
+from longmoe.ops.moe.decode import MAX_PAIRS as DECODE_MAX_PAIRS
+from longmoe.ops.moe.decode import by_expert, decode_experts
 from longmoe.ops.moe.dispatch import IMPLS, PAD_MULTIPLE, Layout, choose_tiers, dispatch_experts
 from longmoe.ops.moe.gather import gather_experts
 from longmoe.ops.moe.naive import dense_reference
@@ -13,11 +16,14 @@ from longmoe.ops.moe.route import (
 )
 
 __all__ = [
+    "DECODE_MAX_PAIRS",
     "IMPLS",
     "PAD_MULTIPLE",
     "Layout",
     "choose_tiers",
+    "by_expert",
     "combine_weights",
+    "decode_experts",
     "dense_reference",
     "dispatch_experts",
     "gather_experts",
