@@ -9,8 +9,9 @@ context for MLA layers, come on top and are not in the floor).
 Precisions, by how each engine stores a tensor:
 
 - ``fp32`` / ``f32``: 4 bytes a weight;
-- ``int8`` (``longmoe.quantize``): 1 byte a weight plus one scale per output row in the compute dtype
-  (bf16), for every linear but the ones kept float (router, MLA ``kv_up``, LM head) and the experts;
+- ``int8`` (``longmoe.quantize`` with ``head=True``, the bench's int8 arm, ``--quantize-head``): 1 byte
+  a weight plus one scale per output row in the compute dtype (bf16), for every linear but the ones
+  kept float (router, MLA ``kv_up``) and the experts; the LM head is packed, as in a q8_0 file;
 - ``q8_0`` (llama.cpp, ``longmoe convert --to-gguf --outtype q8_0``): blocks of 32 weights in 34
   bytes for matrices whose rows are a multiple of 32 long, f16 for other matrices; vectors, conv taps,
   ``A`` and the router stay f32 (``longmoe/interop/gguf_export.py``).
@@ -25,7 +26,7 @@ import torch
 
 from longmoe.config import ModelConfig
 from longmoe.model import LongMoE
-from longmoe.quantize import KEEP_FLOAT
+from longmoe.quantize import HEAD, KEEP_FLOAT
 
 PRECISIONS = ("fp32", "int8", "f32", "q8_0")
 Q8_0_BLOCK, Q8_0_BYTES = 32, 34
@@ -71,7 +72,8 @@ def _bytes_per_weight(t: Tensor, precision: str) -> float:
     if precision in ("fp32", "f32") or not matrix:
         return 4.0
     if precision == "int8":
-        keep = t.kind == "other" or (t.kind == "linear" and t.name.rsplit(".", 2)[-2] in KEEP_FLOAT)
+        leaf = t.name.rsplit(".", 2)[-2]
+        keep = t.kind == "other" or (t.kind == "linear" and leaf in KEEP_FLOAT and leaf != HEAD)
         if keep:
             return 4.0
         return 1.0 + 2.0 / t.row_len  # int8 + a bf16 scale per row

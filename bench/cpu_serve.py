@@ -59,6 +59,7 @@ class LongArm:
     def __init__(self, model_dir: Path, tokenizer_dir: Path, quantize: str | None, compile: bool):
         model, tok, _ = load_model(model_dir)
         cfg = EngineConfig(prefill_chunk=CHUNK, prefix_cache=False, quantize=quantize, compile=compile,
+                           quantize_head=quantize is not None,  # the head packed, as in q8_0
                            compile_warmup=False,  # compile on the first decode, not behind our timing
                            cache_budget_bytes=8 << 30, max_context=1 << 17)  # fmt: skip
         self.engine = Engine(model.float(), tok, cfg)

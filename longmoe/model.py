@@ -149,8 +149,9 @@ class LongMoE(nn.Module):
                 m.static_shapes = on
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
-        w = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [vocab, d]
-        return F.linear(self.final_norm(h), w)
+        if self.lm_head is None:  # tied: the embedding table is the head [vocab, d]
+            return F.linear(self.final_norm(h), self.embed.weight)
+        return self.lm_head(self.final_norm(h))  # an nn.Linear, or a QuantLinear (quantize head=True)
 
     # ------------------------------------------------------------------ images
     def encode_images(self, images: Sequence[Patches]) -> torch.Tensor:

@@ -5,6 +5,8 @@ layer's routed expert stacks for a ``QuantExperts`` (``layers/quant.py``, kernel
 Kept in the model dtype, as weight-only schemes (GPTQ, AWQ, torchao's defaults) usually keep them:
 
 - embeddings and the LM head (a lookup table, and the head whose errors every token's logits see);
+  ``head=True`` packs the LM head too (as llama.cpp's q8_0 files do: the head is a quarter of a
+  small model's decode bytes at fp32);
 - MoE routers (``router``): routing is a discrete top-k; a small error flips expert choices;
 - MLA ``kv_up``: absorbed decode reads its weight as the matrices ``W_uk``/``W_uv`` (``layers/mla.py``);
 - norms, conv taps, gate scales and biases (vectors: negligible bytes);
@@ -32,6 +34,7 @@ from longmoe.model import LongMoE
 from longmoe.ops.quant import MODES, check_mode, int4_group, packed_nbytes
 
 KEEP_FLOAT = ("router", "kv_up", "lm_head")  # linear names kept in the model dtype (module docstring)
+HEAD = "lm_head"
 DEFAULT_GROUP = 32  # int4 group size: the smallest the CPU kernel takes (most accurate; tiny widths)
 COMPUTE_DTYPE = torch.bfloat16  # activations of quantized layers (the kernels' vectorised path)
 
@@ -47,13 +50,14 @@ class QuantPlan:
     kept: list[str] = field(default_factory=list)  # linears left in float (KEEP_FLOAT or no int4 group)
 
 
-def plan(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP) -> QuantPlan:
+def plan(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP, head: bool = False) -> QuantPlan:
     check_mode(mode)
     p = QuantPlan(mode, group_size)
+    keep = tuple(k for k in KEEP_FLOAT if not (head and k == HEAD))
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear):
             leaf = name.rsplit(".", 1)[-1]
-            ok = leaf not in KEEP_FLOAT and (mode == "int8" or int4_group(m.in_features, group_size))
+            ok = leaf not in keep and (mode == "int8" or int4_group(m.in_features, group_size))
             (p.linears if ok else p.kept).append(name)
         elif isinstance(m, MoELayer) and m.w_in is not None:
             p.experts.append(name)
@@ -65,6 +69,7 @@ def quantize_model(
     mode: str,
     group_size: int = DEFAULT_GROUP,
     compute_dtype: torch.dtype = COMPUTE_DTYPE,
+    head: bool = False,
 ) -> QuantPlan:
     """Quantize ``model`` in place (inference only) and return what was done. Idempotence is refused:
     quantizing twice would quantize quantization error."""
@@ -73,7 +78,7 @@ def quantize_model(
     device = next(model.parameters()).device
     if device.type != "cpu":
         raise ValueError(f"quantize: the int8/int4 kernels are PyTorch's CPU ones; the model is on {device}")
-    p = plan(model, mode, group_size)
+    p = plan(model, mode, group_size, head)
     with torch.no_grad():
         for name in p.linears:
             parent, leaf = _parent(model, name)
@@ -114,6 +119,7 @@ def quantized_footprint(
     mode: str | None,
     group_size: int = DEFAULT_GROUP,
     compute_dtype: torch.dtype = COMPUTE_DTYPE,
+    head: bool = False,
 ) -> dict[str, int]:
     """``weight_bytes`` of ``cfg``'s model after ``quantize_model(mode)`` (None: unquantized), computed
     from shapes on the ``meta`` device: nothing is allocated, so the flagship works too."""
@@ -126,7 +132,7 @@ def quantized_footprint(
     total_float = sum(p.numel() * p.element_size() for p in model.parameters())
     if mode is None:
         return {"quantized": 0, "float": total_float, "total": total_float}
-    p = plan(model, mode, group_size)
+    p = plan(model, mode, group_size, head)
     q = removed = 0
     for name in p.linears:
         lin = model.get_submodule(name)

@@ -190,3 +190,24 @@ def test_vision_encoder_quantizes_and_still_encodes(mode):
         got = m(x, image_embeds=m.encode_images([p])).logits
     assert "vision.patch_proj" in done.linears and isinstance(m.vision.blocks[0].qkv, QuantLinear)
     assert (got.float() - ref).abs().max() < 0.2 * ref.abs().max()
+
+
+def test_quantize_head_packs_the_lm_head_and_stays_close():
+    """``head=True`` packs the untied LM head too (the head is its dequantized weight), the footprint
+    counts it, and the logits stay within the int8 bound; without a quantize mode the engine refuses it."""
+    from longmoe.serve.engine_config import EngineConfig
+
+    ids = _ids()
+    with torch.no_grad():
+        ref = _tiny(tie_embeddings=False)(ids).logits
+        m = _tiny(tie_embeddings=False)
+        p = quantize_model(m, "int8", head=True)
+        assert "lm_head" in p.linears and isinstance(m.lm_head, QuantLinear)
+        assert weight_bytes(m) == quantized_footprint(m.cfg, "int8", head=True)
+        assert weight_bytes(m)["total"] < quantized_footprint(m.cfg, "int8")["total"]
+        got = m(ids).logits
+        exact = _dequantized_float_model(m, tie_embeddings=False)(ids).logits
+    torch.testing.assert_close(got, exact, atol=0.05, rtol=0.05)  # bf16 compute of the same weights
+    assert (got - ref).norm() / ref.norm() < LOGIT_REL_TOL["int8"]
+    with pytest.raises(ValueError, match="quantize_head"):
+        EngineConfig(quantize_head=True)

@@ -43,6 +43,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         help="weight-only quantization of linear and expert weights (see docs/serve.md)",
     )
     p.add_argument(
+        "--quantize-head",
+        action="store_true",
+        help="with --quantize: pack the LM head too (as llama.cpp's q8_0 files do; default: kept in float)",
+    )
+    p.add_argument(
         "--compile",
         action="store_true",
         help="torch.compile the decode step (compiled graphs cached on disk; see docs/serve.md)",
@@ -79,6 +84,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         max_batch=args.max_batch,
         cache_budget_bytes=int(args.cache_budget_mb * 2**20),
         quantize=args.quantize,
+        quantize_head=args.quantize_head,
         compile=args.compile,
         compile_warmup=args.compile_warmup,
         prefix_cache=args.prefix_cache,

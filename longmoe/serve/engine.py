@@ -61,7 +61,7 @@ class Engine:
         """``draft``: a small model sharing the vocabulary; turns on speculative decoding."""
         self.cfg = config or EngineConfig()
         if self.cfg.quantize and getattr(model, "quantization", None) != self.cfg.quantize:
-            quantize_model(model, self.cfg.quantize)  # in place: the float weights are released
+            quantize_model(model, self.cfg.quantize, head=self.cfg.quantize_head)  # in place
         self.tokenizer = tokenizer
         self.vocab_size = model.cfg.vocab_size
         if tokenizer.vocab_size > self.vocab_size:

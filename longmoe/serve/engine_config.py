@@ -26,6 +26,7 @@ class EngineConfig:
     # on purpose: NoPE + KDA have no positional limit, and extrapolation tests run past the window.
     max_context: int | None = None
     quantize: str | None = None  # "int8" | "int4": weight-only, applied to the model at construction
+    quantize_head: bool = False  # with quantize: pack the LM head too (kept in float by default)
     compile: bool = False  # torch.compile the decode step (serve/compiled.py)
     # with compile: build the decode graphs in a background thread at start (eager steps until ready)
     compile_warmup: bool = True
@@ -56,6 +57,8 @@ class EngineConfig:
             f"None or one of {QUANT_MODES}",
             message=FLAG_MESSAGE,
         )
+        check(not self.quantize_head or q is not None, "quantize_head", self.quantize_head,
+              "False unless quantize is set", message=FLAG_MESSAGE)  # fmt: skip
 
     @property
     def image_limits(self) -> ImageLimits:
