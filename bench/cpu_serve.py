@@ -24,6 +24,7 @@ Engines alternate per measurement (round-robin); medians and [min, max] over rou
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 import warnings
@@ -309,11 +310,40 @@ def table(runs: dict, paths_cfg, dec_ctxs, pre_ctxs, parity_res: dict, quick: bo
         lines.append(f"llama.cpp rows missing: {p.get('llama_cpp_error', 'llama_cpp not importable')}.")
     q = p["longmoe_vs_transformers"]
     lines.append(f"longmoe fp32 vs transformers: max |Δlogit| {q['max_abs']:.2e}, top-1 {q['top1']:.3f}.")
+    for t, r in runs.items():
+        when = r.get("measured_at")
+        if when:
+            lines.append(
+                f"{t} thread(s): measured {when}" + (f"; {r['note']}" if r.get("note") else "") + "."
+            )
     bw = ", ".join(f"{t} thr {r['bandwidth_gb_s']:.1f} GB/s" for t, r in runs.items())
     lines.append(f"\nCPU, shared machine; read bandwidth {bw}; random weights"
                  f"{' (--quick: d 256, 8 layers)' if quick else ''}. Floor = active weight bytes per token / "
                  "bandwidth (KV and state reads not included).")  # fmt: skip
     return "\n".join(lines)
+
+
+def stored_runs(cfg, dec_ctxs: list[int], pre_ctxs: list[int], threads: list[int]) -> dict:
+    """``--merge``: the runs of other thread counts in the stored results, when they measured the same
+    model at the same contexts (JSON keys are strings; contexts come back as ints)."""
+    path = RESULTS / "cpu_serve.json"
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    same = old.get("config") == cfg.to_dict() and old.get("contexts") == {
+        "decode": dec_ctxs,
+        "prefill": pre_ctxs,
+    }
+    if not same:
+        raise SystemExit("--merge: the stored cpu_serve.json measured another model or other contexts")
+    out = {}
+    for t, run in old["runs"].items():
+        if int(t) not in threads:
+            for kind in ("decode", "prefill"):
+                run["measured"][kind] = {int(c): v for c, v in run["measured"][kind].items()}
+            run["floor_ms"] = dict(run["floor_ms"])
+            out[int(t)] = run
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,6 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path("runs/cpu_serve"), help="cached model and GGUFs")
     ap.add_argument("--profile", action="store_true", help="write bench/results/cpu_serve_profile.md")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite docs/benchmarks.md")
+    ap.add_argument("--note", default="", help="the machine's conditions during this run (kept per run)")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the stored runs of other thread counts (same model and contexts) beside this run's",
+    )
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     threads = [int(t) for t in args.threads.split(",")]
@@ -354,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         par = parity(paths, have_llama)
     have_llama = have_llama and "llama_cpp_error" not in par
     n_ctx = max(dec_ctxs + pre_ctxs) + rounds * (n_dec + 1) * len(dec_ctxs) + 64
-    runs: dict = {}
+    runs: dict = stored_runs(cfg, dec_ctxs, pre_ctxs, threads) if args.merge else {}
     arms: dict = {}
     with torch.inference_mode():
         for t in threads:
@@ -370,21 +406,24 @@ def main(argv: list[str] | None = None) -> int:
             eng = engine_rows(arms, dec_ctxs[0], n_dec, batches, new_tokens)
             goals = targets(res, floors, dec_ctxs, pre_ctxs)
             runs[t] = {"bandwidth_gb_s": bw / 1e9, "roofline_flops": roof, "floor_ms": floors,
-                       "measured": res, "engine": eng, "memory": mem, "targets": goals}  # fmt: skip
+                       "measured": res, "engine": eng, "memory": mem, "targets": goals,
+                       "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                       "note": args.note}  # fmt: skip
         compile_s = {a: arm.engine.compiled.compile_seconds for a, arm in arms.items()
                      if isinstance(arm, LongArm) and arm.engine.compiled is not None}  # fmt: skip
         if args.profile:
             (RESULTS / "cpu_serve_profile.md").write_text(profile(arms["longmoe fp32"], dec_ctxs[0]))
     for arm in arms.values():
         arm.close()
-    md = table(runs, cfg, dec_ctxs, pre_ctxs, par, args.quick)
+    md = table(dict(sorted(runs.items())), cfg, dec_ctxs, pre_ctxs, par, args.quick)
     md += "\n\nCompile seconds (all shapes): " + ", ".join(f"{a} {s:.0f}" for a, s in compile_s.items()) + "."
     payload = {
         "config": cfg.to_dict(),
         "weights": {p: weight_bytes(cfg, p) for p in ("fp32", "int8", "q8_0")},
         "active_bytes_per_token": {p: active_bytes(cfg, p) for p in ("fp32", "int8", "q8_0")},
         "parity": par,
-        "runs": {str(t): r for t, r in runs.items()},
+        "runs": {str(t): r for t, r in sorted(runs.items())},
+        "contexts": {"decode": dec_ctxs, "prefill": pre_ctxs},
         "compile_s": compile_s,
         "quick": args.quick,
     }
