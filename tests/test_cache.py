@@ -201,3 +201,15 @@ def test_mark_and_rewind_return_rows_to_their_marked_length():
     assert same(rows_of(back.layers[1], [5, 4]), [before[1][2], before[1][0]])
     assert float(back.layers[1].buf[1, 4:].abs().sum()) == 0.0  # forgotten latents are zero padding
     assert c.seq_lens.tolist() == [6, 4, 7]  # the batch itself is unchanged
+
+
+def test_capacity_buckets_hold_the_tokens_with_little_padding():
+    """``capacity_bucket(n) >= n`` with less than ``max(n / 8, _MIN_CAPACITY)`` tokens of padding,
+    monotone in ``n``, and few distinct values (16 an octave)."""
+    from longmoe.cache import _MIN_CAPACITY, capacity_bucket
+
+    caps = [capacity_bucket(n) for n in range(1, 70_000)]
+    assert all(c >= n for n, c in zip(range(1, 70_000), caps))
+    assert all(c - n < max(n / 8, _MIN_CAPACITY) for n, c in zip(range(1, 70_000), caps))
+    assert caps == sorted(caps)
+    assert len(set(caps)) < 16 * 11

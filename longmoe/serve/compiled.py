@@ -8,7 +8,7 @@ mode ``"reduce-overhead"``). What makes that possible without graph breaks or a 
   position and attends over the whole reserved buffer with a mask (no host read of the lengths),
   routing has no data-dependent branch, and decode-sized MoE batches run their chosen experts in one
   custom op (``ops/moe/decode.py``, ``ops/quant.py`` for packed experts), opaque to dynamo;
-- before every call ``Cache.reserve`` sets the latent capacity to a power-of-two bucket, and the
+- before every call ``Cache.reserve`` sets the latent capacity to a bucket (``capacity_bucket``), and the
   capacity (and, for ``B >= 2``, the batch) is marked symbolic *before* the first compile, so a
   growing context or a changing batch never compiles again: exactly two decode graphs, ``B == 1``
   (dynamo specializes size 1) and ``B >= 2``, each compiled at its first use. (Padding batches up

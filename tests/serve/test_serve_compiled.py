@@ -24,8 +24,8 @@ def _params(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
 
-def _engine() -> Engine:
-    cfg = EngineConfig(prefill_chunk=16)
+def _engine(**kw) -> Engine:
+    cfg = EngineConfig(prefill_chunk=16, **kw)
     return Engine(tiny_model(**SMALL), tokenizer_for_tests(VOCAB), cfg)
 
 
@@ -38,9 +38,9 @@ def _eager_tokens() -> list[list[int]]:
         return _tokens(e)
 
 
-def _compiled(backend: str) -> Engine:
+def _compiled(backend: str, **kw) -> Engine:
     torch._dynamo.reset()
-    e = _engine()
+    e = _engine(**kw)
     e.compiled = CompiledSteps(e.model, backend=backend)
     return e
 
@@ -55,6 +55,19 @@ def test_steady_decode_never_recompiles():
     e.close()
     assert stats["recompiles"] == 0, stats
     assert stats["compiled_graphs"] == 2 and stats["compile_seconds"] > 0
+
+
+def test_capacity_buckets_between_powers_of_two_never_recompile():
+    """A context growing from ~950 past 1024 tokens moves through the 1/16-octave buckets (960 ... 1152): the
+    capacity is symbolic, so no bucket compiles again, and the tokens are eager's."""
+    prompt = ["x = 1\n" * 190]
+    e = _compiled("eager", max_context=2048)  # past the model's window: NoPE + KDA have no position limit
+    got = _tokens(e, prompt, [200])
+    stats = e.stats()
+    e.close()
+    with _engine(max_context=2048) as ref:
+        assert got == _tokens(ref, prompt, [200])
+    assert stats["recompiles"] == 0, stats
 
 
 def test_background_warmup_serves_eagerly_then_compiled():
