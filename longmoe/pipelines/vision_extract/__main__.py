@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="training steps of the extractor and the control")
     p.add_argument("--threads", type=int, help="torch CPU threads (default from the config: 2)")
     p.add_argument(
-        "--mix", help="training families and weights, e.g. form_easy=1,form=0.5 (default: form_easy only)"
+        "--mix",
+        help="training families and weights, e.g. form=1,table=0.5 (default: form_easy=1,form_varied=1)",
     )
     p.add_argument("--no-control", action="store_true", help="skip the text-only control")
     p.add_argument("--control-steps", type=int, help="steps of the text-only control (default: --steps)")

@@ -31,7 +31,8 @@ class VisionExtractConfig(JsonConfig):
     vit_heads: int = 2
     max_image_side: int = 256
     # training (main model on images; the text-only control gets the same steps, batch and lr)
-    mix: dict[str, float] = field(default_factory=lambda: {"form_easy": 1.0})
+    # form_easy (glyphs on the patch grid) next to form_varied (the target: the same content, layout varied)
+    mix: dict[str, float] = field(default_factory=lambda: {"form_easy": 1.0, "form_varied": 1.0})
     steps: int = 2000
     batch_size: int = 32
     # rows of each main-model batch that show their document as text instead of pixels: the copying
@@ -62,7 +63,7 @@ class VisionExtractConfig(JsonConfig):
     # control's full budget, and the chosen run is the control) and scored on val_n VALIDATION pages
     # (seeds in the validation block, disjoint from training and test pages); the best F1 is kept
     control_lrs: list[float] = field(default_factory=lambda: [3e-3, 1e-2, 3e-2])
-    control_search_steps: int = 0
+    control_search_steps: int = 300
     val_n: int = 64
     # the interleaved-pretraining check: a text LM vs the same LM also fed image documents
     pretrain_steps: int = 600

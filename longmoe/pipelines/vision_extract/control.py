@@ -2,9 +2,10 @@
 
 Each candidate of ``rc.control_lrs`` trains the control (``rc.control_inputs``) for
 ``rc.control_search_steps`` steps (0: the control's full budget) into ``OUT/control_search/lr<lr>/``
-and is scored (pooled field F1, greedy) on ``rc.val_n`` renders of the target family drawn from the
+and is scored (pooled field F1, greedy decoding) on ``rc.val_n`` renders of the target family drawn from the
 VALIDATION seed block (``longmoe.envs.seeds``: ``[2·10⁹, 3·10⁹)``, disjoint from the training seeds
-below 10⁹ and the test pages from 10⁹ on). The best F1 wins (ties: the lower final training loss).
+below 10⁹ and the test pages from 10⁹ on). The best F1 wins.
+Ties (every candidate at F1 0 early in training) go to the lower teacher-forced validation loss.
 When the search ran the full budget, the chosen candidate is the control itself; otherwise the
 control is trained again at the chosen lr. The choice is stored in ``OUT/control_lr.json``.
 """
@@ -16,12 +17,15 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.envs.seeds import validation_offset
 from longmoe.eval.extract.harness import score_answer
 from longmoe.eval.extract.local import decode_documents
 from longmoe.model import LongMoE
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig
+from longmoe.pipelines.vision_extract.data import collate, make_rows
 from longmoe.pipelines.vision_extract.result import TrainRun
 from longmoe.pipelines.vision_extract.train import train_extractor
 from longmoe.tasks.documents import held_out_seeds, render
@@ -33,6 +37,19 @@ SEARCH_DIR = "control_search"
 def validation_seeds(rc: VisionExtractConfig) -> range:
     """The render seeds of the lr choice: the validation block, never a training or test page."""
     return held_out_seeds(rc.val_n, validation_offset(0))
+
+
+@torch.no_grad()
+def validation_loss(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inputs: str) -> float:
+    """Teacher-forced loss (nats per JSON token) on the validation pages: breaks F1 ties (all 0 early)."""
+    docs = [render(rc.target_family, s) for s in validation_seeds(rc)]
+    was = model.training
+    model.eval()
+    b = collate(*make_rows(docs, tok, model, inputs), pad_id=tok.pad_id)
+    emb = model.encode_images(b.images) if b.images else None
+    loss = float(model(b.input_ids, labels=b.labels, image_embeds=emb).ce_loss)
+    model.train(was)
+    return loss
 
 
 def validation_f1(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inputs: str) -> float:
@@ -62,13 +79,13 @@ def train_control(
             crc = dataclasses.replace(rc, lr=lr, control_steps=search)
             d = out / SEARCH_DIR / f"lr{lr:g}"
             model, run = train_extractor(crc, tok, d, inputs, lambda m, lr=lr: log(f"lr {lr:g}: {m}"))
-            val = validation_f1(model, tok, rc, inputs)
-            loss = run.curve[-1][1] if run.curve else float("nan")
+            val, vloss = validation_f1(model, tok, rc, inputs), validation_loss(model, tok, rc, inputs)
             rel = str(d.relative_to(out))
-            cands.append({"lr": lr, "val_f1": round(val, 4), "final_loss": loss, "dir": rel})
+            cands.append({"lr": lr, "val_f1": round(val, 4), "val_loss": round(vloss, 4), "dir": rel})
             models[lr] = (model, run)
-            log(f"control lr {lr:g}: validation F1 {val:.3f} ({rc.val_n} {rc.target_family} pages)")
-        best = max(cands, key=lambda c: (c["val_f1"], -c["final_loss"]))
+            log(f"control lr {lr:g}: validation F1 {val:.3f}, loss {vloss:.3f} "
+                f"({rc.val_n} {rc.target_family} pages)")  # fmt: skip
+        best = max(cands, key=lambda c: (c["val_f1"], -c["val_loss"]))
         choice = {"inputs": inputs, "candidates": cands, "lr": best["lr"], "search_steps": search,
                   "budget": budget, "val_n": rc.val_n, "val_family": rc.target_family,
                   "val_seeds": [validation_seeds(rc).start, validation_seeds(rc).stop]}  # fmt: skip

@@ -49,10 +49,13 @@ def control_text(result: VisionExtractResult, main_steps: int) -> list[str]:
     out = [f"The text-only control reads {what}: {c.steps} steps vs the image model's {main_steps}, "
            f"{c.seconds / 60:.1f} min."]  # fmt: skip
     if ch:
-        cands = ", ".join(f"{x['lr']:g} → {x['val_f1']:.3f}" for x in ch["candidates"])
+        cands = ", ".join(
+            f"{x['lr']:g} → {x['val_f1']:.3f} (loss {x['val_loss']:.3f})" for x in ch["candidates"]
+        )
         out[0] += (f" Its learning rate was chosen on {ch['val_n']} {ch['val_family']} VALIDATION pages "
                    f"(seeds {ch['val_seeds'][0]:,}..{ch['val_seeds'][1] - 1:,}, disjoint from training and "
-                   f"test), {ch['search_steps']} steps per candidate (lr → validation F1: {cands}): "
+                   f"test), {ch['search_steps']} steps per candidate (lr → validation F1, ties broken by the "
+                   f"validation loss: {cands}): "
                    f"lr {ch['lr']:g}.")  # fmt: skip
     out += ["", "The gap between the image and control columns compares pixels with the same content as "
             "clean symbols at the same positions; it is not by itself a measure of 'reading pixels' "
