@@ -344,7 +344,7 @@ def _vision_extract(d: dict) -> list[Headline]:
     fam = d.get("target_family", "form_easy")
     m, c = d["main_eval"][fam], (d.get("control_eval") or {}).get(fam)
     ctrl = "no text control" if c is None else f"text-only control {_f1_ci(c)}"
-    ci = "micro F1, 95% page-bootstrap interval" if "micro_f1_lo" in m else "± one standard error"
+    ci = f"95% interval ({m['micro_f1_interval']})" if "micro_f1_lo" in m else "± one standard error"
     return [
         Headline(
             f"image → JSON field F1, {fam}",
