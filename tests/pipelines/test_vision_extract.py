@@ -152,4 +152,7 @@ def test_quick_run_end_to_end_and_resume(tmp_path, capsys):
     argv = ["eval", "--tasks", "extract", "--model", str(out / "main" / "model"), "--families", "form_easy"]
     assert cli_main([*argv, "--n", "2", "--out", str(ev)]) == 0
     assert len((ev / "extract_results.jsonl").read_text().splitlines()) == 2
+    # the text-grid control reads its input the way the recipe trained it
+    ctrl = ["eval", "--tasks", "extract", "--model", str(out / "control" / "model"), "--families=form_easy"]
+    assert cli_main([*ctrl, "--n", "2", "--extract-input", "text_grid", "--out", str(tmp_path / "cv")]) == 0
     capsys.readouterr()
