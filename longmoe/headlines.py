@@ -345,14 +345,23 @@ def _checks(key: str) -> Callable[[dict], list[Headline]]:
     return f
 
 
+def _f1_ci(c: dict) -> str:
+    if "micro_f1_lo" in c:
+        return f"{c['micro_f1']:.3f} [{c['micro_f1_lo']:.3f}, {c['micro_f1_hi']:.3f}]"
+    return f"{c['f1']:.3f} ± {c['f1_se']:.3f}"
+
+
 def _vision_extract(d: dict) -> list[Headline]:
-    m, c = d["main_eval"]["form_easy"], d["control_eval"]["form_easy"]
+    fam = d.get("target_family", "form_easy")
+    m, c = d["main_eval"][fam], (d.get("control_eval") or {}).get(fam)
+    ctrl = "no text control" if c is None else f"text-only control {_f1_ci(c)}"
+    ci = f"95% interval ({m['micro_f1_interval']})" if "micro_f1_lo" in m else "± one standard error"
     return [
         Headline(
-            "image → JSON field F1, easy forms",
-            f"{m['f1']:.3f} ± {m['f1_se']:.3f}",
-            f"text-only control {c['f1']:.3f} ± {c['f1_se']:.3f}; target {d['target_f1']}",
-            f"± one standard error over {m['n']} forms",
+            f"image → JSON field F1, {fam}",
+            _f1_ci(m),
+            f"{ctrl}; target {d['target_f1']}",
+            f"{ci} over {m['n']} pages",
         )
     ]
 

@@ -1,7 +1,8 @@
 """Train / validation / test seed ranges are pairwise disjoint, checked on the functions that draw the
 seeds: MQAR rows (training steps, validation rows for early stop and lr choice, test rows for the
 reported accuracy), agent task seeds (SFT demonstrations, RL training tasks, the validation block for
-the RL lr, the held-out test tasks) and vision renders (training pages vs held-out pages)."""
+the RL lr, the held-out test tasks) and vision renders (training pages, the validation pages of the
+text control's lr choice, held-out test pages)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from longmoe.pipelines.mqar import seeds as mq
 from longmoe.pipelines.mqar.__main__ import load_config, parse_args
 from longmoe.pipelines.mqar.config import CONFIG_FILE, SweepConfig
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig, quick
+from longmoe.pipelines.vision_extract.control import validation_seeds as vision_validation_seeds
 from longmoe.pipelines.vision_extract.data import train_seed as vision_train_seed
 from longmoe.pipelines.vision_extract.train import CURVE_OFFSET
 from longmoe.rl.trainer import task_seeds
@@ -81,3 +83,9 @@ def test_vision_training_pages_never_reach_held_out_pages(rc):
     curve = set(doc_held_out_seeds(rc.curve_n, CURVE_OFFSET))
     assert min(evals | curve) >= DOC_BASE, "held-out pages start at the base"
     assert not evals & curve, "the training-curve probe never reads the final test pages"
+    # the text control's lr is chosen on validation pages: disjoint from training and test pages
+    val = vision_validation_seeds(rc)
+    test = range(DOC_BASE, DOC_BASE + CURVE_OFFSET + rc.curve_n)
+    assert _disjoint(range(0, DOC_BASE), test, val)
+    assert all(s in VALIDATION_SEEDS for s in (val.start, val.stop - 1))
+    assert max(evals | curve) < TEST_SEEDS.stop

@@ -79,10 +79,14 @@ def test_cli_overrides_and_errors(capsys):
         "--no-control",
         "--control-steps",
         "4",
+        "--control-inputs",
+        "text",
+        "--control-lrs",
+        "1e-3,2e-2",
     ]
     rc = load_config(parse_args(argv))
     assert rc.steps == 9 and rc.mix == {"form_easy": 1.0, "form": 0.5} and not rc.text_control
-    assert rc.control_steps == 4
+    assert rc.control_steps == 4 and rc.control_inputs == "text" and rc.control_lrs == [1e-3, 2e-2]
     assert main(["--quick", "--mix", "poster=1"]) == 2
     assert "mix=" in capsys.readouterr().err
     assert main(["--quick", "--mix", "form=heavy"]) == 2
@@ -96,16 +100,47 @@ def test_config_errors_name_the_field():
         VisionExtractConfig(steps=0)
     with pytest.raises(ValueError, match="eval_families="):
         VisionExtractConfig(eval_families=["nope"])
+    with pytest.raises(ValueError, match="control_inputs="):
+        VisionExtractConfig(control_inputs="pixels")
+    with pytest.raises(ValueError, match="control_lrs="):
+        VisionExtractConfig(control_lrs=[0.0])
+
+
+def test_text_grid_puts_each_character_in_its_row_and_column_cell(tok):
+    from longmoe.eval.extract.textgrid import text_grid
+
+    model = build_model(quick())
+    vis = model.cfg.vision
+    d = render("form_varied", 5)
+    g = text_grid(d.text, vis)
+    lines = d.text.split("\n")
+    assert (g.rows, g.cols) == (len(lines), max(map(len, lines))) and g.pixels.shape == (g.n, vis.patch_dim)
+    for r, line in enumerate(lines):
+        for c in range(g.cols):
+            cell = g.pixels[r * g.cols + c]
+            if c < len(line):
+                assert cell.sum() == 1 and cell[ord(line[c])] == 1
+            else:
+                assert cell.sum() == 0  # past the end of the line: blank
+    prompt, patches = prompt_ids(d, tok, model, "text_grid")
+    assert prompt.count(tok.image_patch_id) == patches.n == g.n
+    emb = model.encode_images([patches])  # the image path's encoder, row/column embeddings included
+    assert emb.shape == (g.n, model.cfg.d_model)
 
 
 def test_quick_run_end_to_end_and_resume(tmp_path, capsys):
     out = tmp_path / "vx"
     assert main(["--quick", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
-    assert res["main"]["steps"] == 6 and res["control"]["inputs"] == "text"
+    assert res["main"]["steps"] == 6 and res["control"]["inputs"] == "text_grid"
+    lr = res["control_lr"]
+    assert lr["lr"] in (1e-2, 3e-2) and [c["lr"] for c in lr["candidates"]] == [1e-2, 3e-2]
+    assert lr["search_steps"] == 2 and lr["budget"] == 6 and res["control"]["steps"] == 6
+    assert lr["val_seeds"][0] >= 2 * HELD_OUT_SEED_BASE  # the validation block, not a test page
     assert set(res["main_eval"]) == {"form_easy", "receipt"} and res["pretrain"]["text_tokens"] > 0
     assert (out / "report.md").is_file() and (out / "plots" / "examples.png").is_file()
-    assert "form_easy" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "form_easy" in report and "VALIDATION pages" in report and "[95% CI]" in report
     rows = (out / "main" / "eval" / "extract_results.jsonl").read_text().splitlines()
     assert len(rows) == 4 + 2
     # a rerun reads every stored stage (nothing retrained, nothing re-scored)
@@ -117,4 +152,7 @@ def test_quick_run_end_to_end_and_resume(tmp_path, capsys):
     argv = ["eval", "--tasks", "extract", "--model", str(out / "main" / "model"), "--families", "form_easy"]
     assert cli_main([*argv, "--n", "2", "--out", str(ev)]) == 0
     assert len((ev / "extract_results.jsonl").read_text().splitlines()) == 2
+    # the text-grid control reads its input the way the recipe trained it
+    ctrl = ["eval", "--tasks", "extract", "--model", str(out / "control" / "model"), "--families=form_easy"]
+    assert cli_main([*ctrl, "--n", "2", "--extract-input", "text_grid", "--out", str(tmp_path / "cv")]) == 0
     capsys.readouterr()

@@ -132,3 +132,24 @@ def test_canonical_json_and_errors():
         render("nope", 0)
     with pytest.raises(TaskError, match="seed=-1"):
         render("form", -1)
+
+
+def test_form_varied_layout_varies_off_the_patch_grid():
+    """form_varied keeps form_easy's content but not its layout: the value's offset within its 8-px
+    patch, the row pitch, the page size and the font differ across seeds."""
+    offsets, pitches, sizes, heights, angles_or_noise = set(), set(), set(), set(), set()
+    for seed in range(40):
+        d = render("form_varied", seed)
+        assert 2 <= len(d.fields) <= 4 and list(d.fields) == sorted(d.fields)
+        assert all(k in EASY_LABELS and 3 <= len(v) <= 5 and set(v) <= set(ALNUM)
+                   for k, v in d.fields.items())  # fmt: skip
+        assert d.text == "\n".join(f"{k}: {v}" for k, v in d.fields.items())
+        b = [box.box for box in d.boxes]
+        offsets.add((b[0][0] % EASY_CELL, b[0][1] % EASY_CELL))
+        pitches.add(b[1][1] - b[0][1])
+        sizes.add(d.image.size)
+        heights.add(b[0][3] - b[0][1])  # the value's ink height: differs between the fonts
+        angles_or_noise.add(np.asarray(d.image.convert("L")).std().round(1))
+    assert len(offsets) >= 12, "glyph-to-patch alignment should vary"
+    assert len(pitches) >= 4 and len(sizes) >= 20 and len(heights) >= 2
+    assert len(angles_or_noise) >= 20

@@ -20,9 +20,9 @@ import os
 
 from longmoe.eval.args import add_backend_arguments, add_count_arguments, add_output_arguments
 from longmoe.eval.errors import EvalError, check_positive
-from longmoe.eval.extract.clients import INPUTS, EndpointExtractClient
+from longmoe.eval.extract.clients import EndpointExtractClient
 from longmoe.eval.extract.harness import run_extract
-from longmoe.eval.extract.local import LocalExtractClient
+from longmoe.eval.extract.local import LOCAL_INPUTS, LocalExtractClient
 from longmoe.tasks.documents import FAMILIES, parse_families
 
 
@@ -43,9 +43,10 @@ def add_extract_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--extract-input",
-        choices=INPUTS,
+        choices=LOCAL_INPUTS,
         default="image",
-        help="show the page as an image (default) or its content as text (the text-only control)",
+        help="show the page as an image (default) or its content as text (the text-only control); "
+        "text_grid (local models only): the text as a character grid with row/column positions",
     )
 
 

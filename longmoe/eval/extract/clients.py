@@ -1,8 +1,9 @@
 """Backends for structured extraction: any OpenAI-compatible vision endpoint, or a local longmoe model.
 
 Both have ``extract(docs, max_tokens) -> list[Reply]`` and decode greedily. ``inputs="image"`` shows
-the page as pixels; ``inputs="text"`` gives the same content as plain text (``Document.text``): the
-text-only control, which separates reading pixels from extracting fields.
+the page as pixels; ``inputs="text"`` gives the same content as plain text (``Document.text``): a
+text-only control (the same content without pixels; how far its gap to the image model says anything
+about "reading" depends on how fairly the control was trained, see docs/vision.md).
 
 - ``EndpointExtractClient``: ``POST {url}/v1/chat/completions`` with one user message whose content
   parts are the instruction and ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``

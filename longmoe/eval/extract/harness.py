@@ -6,7 +6,9 @@ truth has the same path with the same value. Per item: JSON validity (the answer
 object, after stripping a Markdown code fence and any text before the first ``{`` or after the
 object), exact match (canonical JSON equal), field precision, recall and F1 (an invalid answer has no
 pairs: precision 0 by convention, recall 0). Per family: the means of the per-item numbers with their
-standard errors, and micro (pooled) precision/recall/F1 with jackknife standard errors over items.
+standard errors, micro (pooled) precision/recall/F1 with jackknife standard errors over items, and a
+95% interval of the micro F1 (``intervals.f1_interval``: a page bootstrap, widened by a Clopper-Pearson
+bound when every page is all right or all wrong, so F1 1.000 never reads as ``± 0``).
 
 The run (``run_extract``) scores held-out renders of each family with any backend that has
 ``extract(docs, max_tokens) -> list[Reply]``, appends one JSON line per document to
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from longmoe.eval.extract.intervals import f1_interval
 from longmoe.runlog import read_jsonl
 from longmoe.tasks.documents import Document, canonical_json, held_out_seeds, render
 
@@ -136,6 +139,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for m in ITEM_METRICS:
             cell[m], cell[f"{m}_se"] = _mean_se([float(r[m]) for r in rs])
         cell.update(micro_prf(rs))
+        cell.update(f1_interval(rs))
         out[fam] = cell
     return {"families": out, "n_items": len(rows)}
 
@@ -144,15 +148,23 @@ def _pm(m: float, se: float) -> str:
     return f"{m:.3f}" if math.isnan(se) else f"{m:.3f} ± {se:.3f}"
 
 
+def f1_with_interval(c: dict[str, Any]) -> str:
+    """``0.953 [0.931, 0.972]``: a summary cell's micro F1 and its 95% interval (older cells: ± SE)."""
+    if "micro_f1_lo" not in c or math.isnan(c["micro_f1_lo"]):
+        return _pm(c["micro_f1"], c.get("micro_f1_se", float("nan")))
+    return f"{c['micro_f1']:.3f} [{c['micro_f1_lo']:.3f}, {c['micro_f1_hi']:.3f}]"
+
+
 def markdown_summary(summary: dict[str, Any]) -> str:
-    """One row per family: n, field F1 (micro, pooled), per-item mean F1, exact match, valid JSON."""
+    """One row per family: n, field F1 (micro, pooled) with its 95% interval, per-item mean F1, exact
+    match, valid JSON."""
     lines = [
-        "| family | n | field F1 (micro) | precision | recall | item F1 | exact | valid JSON |",
+        "| family | n | field F1 (micro) [95% CI] | precision | recall | item F1 | exact | valid JSON |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for fam, c in summary["families"].items():
         lines.append(
-            f"| {fam} | {c['n']} | {_pm(c['micro_f1'], c['micro_f1_se'])} | "
+            f"| {fam} | {c['n']} | {f1_with_interval(c)} | "
             f"{_pm(c['micro_precision'], c['micro_precision_se'])} | "
             f"{_pm(c['micro_recall'], c['micro_recall_se'])} | {_pm(c['f1'], c['f1_se'])} | "
             f"{_pm(c['exact'], c['exact_se'])} | {_pm(c['valid'], c['valid_se'])} |"

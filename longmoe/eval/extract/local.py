@@ -3,7 +3,9 @@
 The prompt is the one the vision_extract recipe trains on: ``<|bos|>``, the page's image span
 (``<|image|>`` + one ``<|image_patch|>`` per patch + ``<|/image|>``), the instruction and a newline;
 the answer is the JSON followed by ``<|eos|>``. With ``inputs="text"`` the image span is replaced by
-the page's content as text (the text-only control). Decoding runs the model directly (not the
+the page's content as text (the text-only control); with ``inputs="text_grid"`` the image span holds
+the page's text as a character grid (``textgrid``: the text control with the image path's row/column
+position signal). Decoding runs the model directly (not the
 serving engine): prompts of equal length are prefilled together with their patch embeddings, then
 decoded greedily through the cache; generation stops at ``<|eos|>`` or ``<|end|>``.
 """
@@ -20,21 +22,24 @@ from longmoe.data.images import image_span, patchify
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.eval.clients import ClientError, Reply
 from longmoe.eval.extract.clients import INPUTS
+from longmoe.eval.extract.textgrid import text_grid
 from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
 from longmoe.tasks.documents import INSTRUCTION, Document
+
+LOCAL_INPUTS = (*INPUTS, "text_grid")  # a character grid needs the model's own encoder: local only
 
 
 def prompt_ids(
     doc: Document, tok: Tokenizer, model: LongMoE, inputs: str = "image"
 ) -> tuple[list[int], Patches | None]:
-    """The prompt's token ids and (for ``inputs="image"``) the page's patches."""
+    """The prompt's token ids and (for ``inputs="image"`` or ``"text_grid"``) the span's patches."""
     if inputs == "text":
         return [tok.bos_id, *tok.encode(f"{doc.text}\n{INSTRUCTION}\n")], None
     vis = model.cfg.vision
     if vis is None:
         raise ClientError("this model has no vision encoder (config field 'vision' is null): use text inputs")
-    patches = patchify(doc.image, vis)
+    patches = text_grid(doc.text, vis) if inputs == "text_grid" else patchify(doc.image, vis)
     return [tok.bos_id, *image_span(patches, tok), *tok.encode(f"{INSTRUCTION}\n")], patches
 
 
@@ -78,8 +83,8 @@ def decode_documents(
     batch_size: int = 64,
 ) -> list[Reply]:
     """Greedy answers for ``docs`` (grouped by prompt length, ``batch_size`` rows at a time)."""
-    if inputs not in INPUTS:
-        raise ClientError(f"inputs={inputs!r} is invalid: expected one of {INPUTS}")
+    if inputs not in LOCAL_INPUTS:
+        raise ClientError(f"inputs={inputs!r} is invalid: expected one of {LOCAL_INPUTS}")
     was_training = model.training
     model.eval()
     built = [prompt_ids(d, tok, model, inputs) for d in docs]
@@ -108,12 +113,12 @@ class ModelExtractClient:
     def __init__(
         self, model: LongMoE, tokenizer: Tokenizer, inputs: str = "image", name: str = "model"
     ) -> None:
-        if inputs not in INPUTS:
-            raise ClientError(f"inputs={inputs!r} is invalid: expected one of {INPUTS}")
-        if inputs == "image" and model.cfg.vision is None:
+        if inputs not in LOCAL_INPUTS:
+            raise ClientError(f"inputs={inputs!r} is invalid: expected one of {LOCAL_INPUTS}")
+        if inputs != "text" and model.cfg.vision is None:
             raise ClientError(f"{name}: the model has no vision encoder; use --extract-input text")
         self.model, self.tokenizer, self.inputs = model, tokenizer, inputs
-        self.name = name + (" (text)" if inputs == "text" else "")
+        self.name = name + (f" ({inputs})" if inputs != "image" else "")
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))

@@ -24,10 +24,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="training steps of the extractor and the control")
     p.add_argument("--threads", type=int, help="torch CPU threads (default from the config: 2)")
     p.add_argument(
-        "--mix", help="training families and weights, e.g. form_easy=1,form=0.5 (default: form_easy only)"
+        "--mix",
+        help="training families and weights, e.g. form=1,table=0.5 (default: form_easy=1,form_varied=1)",
     )
     p.add_argument("--no-control", action="store_true", help="skip the text-only control")
     p.add_argument("--control-steps", type=int, help="steps of the text-only control (default: --steps)")
+    p.add_argument(
+        "--control-inputs", choices=("text", "text_grid"), help="the control's input (default: text_grid)"
+    )
+    p.add_argument("--control-lrs", help="the control's lr candidates, comma-separated (e.g. 3e-3,1e-2,3e-2)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,6 +65,13 @@ def load_config(args: argparse.Namespace) -> VisionExtractConfig:
         d["mix"] = _mix(args.mix)
     if args.control_steps is not None:
         d["control_steps"] = args.control_steps
+    if args.control_inputs is not None:
+        d["control_inputs"] = args.control_inputs
+    if args.control_lrs is not None:
+        try:
+            d["control_lrs"] = [float(x) for x in args.control_lrs.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--control-lrs {args.control_lrs!r} is invalid: expected numbers") from None
     if args.no_control:
         d["text_control"] = False
     return VisionExtractConfig.from_dict(d)
@@ -72,9 +84,9 @@ def run(args: argparse.Namespace) -> int:
         raise config_error(e) from e
     result = run_recipe(rc, args.out)
     print(f"report: {args.out / 'report.md'}")
-    f1 = result.form_easy_f1()
+    f1 = result.target_family_f1()
     if f1 is not None:
-        print(f"form_easy held-out field F1 {f1:.3f} (target {result.target_f1})")
+        print(f"{result.target_family} held-out field F1 {f1:.3f} (target {result.target_f1})")
     return 0
 
 

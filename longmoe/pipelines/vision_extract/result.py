@@ -56,9 +56,15 @@ class VisionExtractResult:
     pretrain: PretrainCheck | None = None
     examples: list[Example] = field(default_factory=list)
     target_f1: float = 0.9
+    target_family: str = "form_easy"  # runs before form_varied held form_easy against the target
+    control_lr: dict[str, Any] | None = None  # the control's lr choice on validation pages (control.py)
 
     def form_easy_f1(self) -> float | None:
         c = self.main_eval.get("form_easy")
+        return None if c is None else float(c["micro_f1"])
+
+    def target_family_f1(self) -> float | None:
+        c = self.main_eval.get(self.target_family)
         return None if c is None else float(c["micro_f1"])
 
     def to_dict(self) -> dict[str, Any]:
@@ -66,6 +72,7 @@ class VisionExtractResult:
         if self.pretrain is not None:
             d["pretrain"].update(delta=self.pretrain.delta, passed=self.pretrain.passed)
         d["form_easy_f1"] = self.form_easy_f1()
+        d["target_family_f1"] = self.target_family_f1()
         return d
 
     @classmethod
@@ -81,4 +88,6 @@ class VisionExtractResult:
             pretrain=pre,
             examples=[Example(**e) for e in d.get("examples", [])],
             target_f1=d.get("target_f1", 0.9),
+            target_family=d.get("target_family", "form_easy"),
+            control_lr=d.get("control_lr"),
         )

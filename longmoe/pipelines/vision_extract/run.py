@@ -1,5 +1,6 @@
 """The recipe: train the image extractor, evaluate it on held-out renders of every family, the same for
-the text-only control, the interleaved-pretraining check, then the report.
+the text-only control (its lr chosen on validation pages), the interleaved-pretraining check, then the
+report.
 
 Every stage leaves files a rerun reads instead of redoing it: ``OUT/main`` and ``OUT/control`` (a
 checkpoint while training, then a model directory and ``run.json``), ``OUT/<run>/eval/`` (the
@@ -17,6 +18,7 @@ from longmoe.eval.extract.harness import RESULTS_FILE, run_extract
 from longmoe.eval.extract.local import ModelExtractClient
 from longmoe.model import LongMoE
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig
+from longmoe.pipelines.vision_extract.control import train_control
 from longmoe.pipelines.vision_extract.data import char_tokenizer
 from longmoe.pipelines.vision_extract.report import write_report
 from longmoe.pipelines.vision_extract.result import Example, VisionExtractResult
@@ -72,16 +74,19 @@ def run(rc: VisionExtractConfig, out: Path, log: Callable[[str], None] = print) 
     model, main = train_extractor(rc, tok, out / "main", "image", log)
     main_eval = evaluate(model, tok, rc, out / "main", "image", log)
     control = control_eval = None
+    choice = None
     if rc.text_control:
         steps = rc.control_steps or rc.steps
-        log(f"vision_extract: text-only control (the same content as text, {steps} steps)")
-        cmodel, control = train_extractor(rc, tok, out / "control", "text", log)
-        control_eval = evaluate(cmodel, tok, rc, out / "control", "text", log)
+        log(f"vision_extract: text-only control ({rc.control_inputs}, {steps} steps, lr chosen from "
+            f"{rc.control_lrs or [rc.lr]} on validation pages)")  # fmt: skip
+        cmodel, control, choice = train_control(rc, tok, out, log)
+        control_eval = evaluate(cmodel, tok, rc, out / "control", rc.control_inputs, log)
     log(f"vision_extract: interleaved-pretraining check ({rc.pretrain_steps} steps x 2)")
     pre = pretrain_check(rc, tok, out, log)
     result = VisionExtractResult(
         main=main, main_eval=main_eval, control=control, control_eval=control_eval, pretrain=pre,
-        examples=pick_examples(out, rc),
+        examples=pick_examples(out, rc), control_lr=choice, target_f1=rc.target_f1,
+        target_family=rc.target_family,
     )  # fmt: skip
     (out / "results.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     write_report(result, rc, out)

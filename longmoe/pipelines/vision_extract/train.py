@@ -62,9 +62,14 @@ def _step(model: LongMoE, opt: torch.optim.Optimizer, b: Batch) -> float:
     return float(out.ce_loss.detach())
 
 
+def curve_family(rc: VisionExtractConfig) -> str:
+    """The family of the training curve: the target family when it is trained on, else the heaviest."""
+    return rc.target_family if rc.target_family in rc.mix else sorted(rc.mix, key=lambda f: -rc.mix[f])[0]
+
+
 def curve_f1(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inputs: str) -> float:
-    """Pooled field F1 on ``rc.curve_n`` held-out renders of the mix's first family (greedy)."""
-    fam = sorted(rc.mix, key=lambda f: -rc.mix[f])[0]
+    """Pooled field F1 on ``rc.curve_n`` held-out renders of ``curve_family(rc)`` (greedy)."""
+    fam = curve_family(rc)
     docs = [render(fam, s) for s in held_out_seeds(rc.curve_n, CURVE_OFFSET)]
     reps = decode_documents(model, tok, docs, [len(tok.encode(d.target)) + 16 for d in docs], inputs)
     tp = npred = ngold = 0
@@ -78,7 +83,8 @@ def curve_f1(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inputs: st
 def train_extractor(
     rc: VisionExtractConfig, tok: Tokenizer, out: Path, inputs: str, log: Callable[[str], None] = print
 ) -> tuple[LongMoE, TrainRun]:
-    """Train (or resume, or load the finished) extractor reading ``inputs`` ("image" | "text")."""
+    """Train (or resume, or load the finished) extractor reading ``inputs`` ("image" | "text" |
+    "text_grid"); a control (not "image") trains ``rc.control_steps`` steps when that is set."""
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(rc.threads)
     run_file, model_dir = out / RUN_FILE, out / MODEL_DIR
@@ -87,7 +93,7 @@ def train_extractor(
         return model, TrainRun(**json.loads(run_file.read_text()))
     model = build_model(rc, vision=True)
     opt = torch.optim.AdamW(param_groups(model, rc.weight_decay), lr=rc.lr, betas=(0.9, 0.98))
-    total = (rc.control_steps or rc.steps) if inputs == "text" else rc.steps
+    total = (rc.control_steps or rc.steps) if inputs != "image" else rc.steps
     sched = TrainConfig(lr=rc.lr, warmup_steps=rc.warmup_steps, schedule="cosine")
     step, seconds, curve = 0, 0.0, []
     if (out / CKPT).is_file():

@@ -6,6 +6,8 @@ text-only control), and the boxes where each value was drawn. Families, easiest 
 
 - ``form_easy``: 2-4 labelled fields of 3-5 characters on an 88-px wide grid aligned to 8-px patches,
   one clean bitmap font (made for a tiny model trained on CPU; see ``forms``);
+- ``form_varied``: form_easy's content with its layout varied per page (offsets off the patch grid,
+  row pitch, value column, three font faces/sizes, up to 2 degrees of rotation, pixel noise);
 - ``form``: 3-7 typed fields in random order, varied fonts, positions and row pitch, faint noise;
 - ``receipt``: store, date, 2-5 items with prices, total; noise and up to 3 degrees of rotation;
 - ``table``: a ruled table of 2-4 rows x 2-3 columns; noise and rotation;
@@ -39,6 +41,7 @@ HELD_OUT_SEED_BASE = 1_000_000_000  # training seeds stay below, held-out render
 Renderer = Callable[[random.Random], tuple[Image.Image, dict[str, Any], str, list[Box]]]
 FAMILIES: dict[str, Renderer] = {
     "form_easy": forms.form_easy,
+    "form_varied": forms.form_varied,
     "form": forms.form,
     "receipt": pages.receipt,
     "table": pages.table,

@@ -9,6 +9,14 @@ drawn in its own 8 x 8 cell of a fixed-pitch grid aligned to the 8-px patch grid
 patch projector sees one clean character per patch (in effect a character embedding); the fields are
 drawn in the order of their keys, so the JSON (sorted keys) reads the page top to bottom.
 
+``form_varied`` (about 60-130 x 35-100 px): form_easy's content (the same labels drawn as their keys, the
+same values, key order top to bottom) with its layout varied per page: a random page offset that is not
+aligned to the 8-px patch grid, so a glyph straddles patches at a different offset on every page; a
+random row pitch and value column; one of Pillow's built-in fonts per page (the 6x11 bitmap font, or
+the vector font at 10 or 12 px where FreeType is present, with their own proportional advances);
+rotation within +-2 degrees and Gaussian pixel noise. It asks whether a tiny model reads glyphs, not
+grid cells.
+
 ``form`` (up to 256 x 256): 3-7 fields in random order from a larger pool of labels with typed values
 (names, dates, phone numbers, amounts, codes, places), one font drawn per page from the bitmap font
 and the vector font at 10-13 px, random margins, row pitch and value column; faint noise.
@@ -23,16 +31,20 @@ from longmoe.tasks.base import NOUNS, PLACES
 from longmoe.tasks.documents.draw import (
     ALNUM,
     DIGITS,
+    MAX_SIDE,
     UPPER,
     Box,
     Canvas,
+    Font,
     bitmap_font,
     code,
     finish,
+    has_freetype,
     line_height,
     money,
     text_size,
     varied_fonts,
+    vector_font,
 )
 
 EASY_CELL = 8  # grid pitch in px = the patch size the layout is aligned to
@@ -69,6 +81,39 @@ def form_easy(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
         fields[key] = value
         lines.append(f"{label}: {value}")
     return canvas.image, fields, "\n".join(lines), canvas.boxes
+
+
+# ---------------------------------------------------------------------- form_varied
+VARIED_VECTOR_SIZES = (10, 12)  # the vector font's sizes (with the bitmap font: 3 faces and sizes)
+VARIED_MAX_DEGREES = 2.0
+VARIED_MAX_NOISE = 8.0  # standard deviation of the pixel noise, 0..255 units, drawn per page
+
+
+def varied_form_fonts() -> list[Font]:
+    return [bitmap_font()] + ([vector_font(s) for s in VARIED_VECTOR_SIZES] if has_freetype() else [])
+
+
+def form_varied(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
+    n = rng.randint(2, EASY_ROWS)
+    labels = sorted(rng.sample(EASY_LABELS, n))
+    values = [code(rng, *EASY_VALUE_LEN) for _ in labels]
+    font = rng.choice(varied_form_fonts())
+    pitch = line_height(font) + rng.randint(0, 4)
+    x_label, y0 = rng.randint(1, 15), rng.randint(1, 11)  # any offset mod 8: glyphs straddle patches
+    x_value = x_label + max(text_size(font, f"{lab}:")[0] for lab in labels) + rng.randint(3, 12)
+    width = min(MAX_SIDE, x_value + max(text_size(font, v)[0] for v in values) + rng.randint(3, 12))
+    height = min(MAX_SIDE, y0 + n * pitch + rng.randint(2, 8))
+    canvas = Canvas(width, height)
+    fields: dict[str, Any] = {}
+    lines = []
+    for row, (label, value) in enumerate(zip(labels, values)):
+        y = y0 + row * pitch
+        canvas.text((x_label, y), label + ":", font)
+        canvas.text((x_value, y), value, font, path=label)
+        fields[label] = value
+        lines.append(f"{label}: {value}")
+    image = finish(canvas.image, rng, noise=rng.uniform(0, VARIED_MAX_NOISE), max_degrees=VARIED_MAX_DEGREES)
+    return image, fields, "\n".join(lines), canvas.boxes
 
 
 # ---------------------------------------------------------------------- form
