@@ -21,13 +21,11 @@ import torch
 
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.envs.seeds import validation_offset
-from longmoe.eval.extract.harness import score_answer
-from longmoe.eval.extract.local import decode_documents
 from longmoe.model import LongMoE
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig
 from longmoe.pipelines.vision_extract.data import collate, make_rows
 from longmoe.pipelines.vision_extract.result import TrainRun
-from longmoe.pipelines.vision_extract.train import train_extractor
+from longmoe.pipelines.vision_extract.train import pooled_f1, train_extractor
 from longmoe.tasks.documents import held_out_seeds, render
 
 CHOICE_FILE = "control_lr.json"
@@ -53,14 +51,7 @@ def validation_loss(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inp
 
 
 def validation_f1(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inputs: str) -> float:
-    docs = [render(rc.target_family, s) for s in validation_seeds(rc)]
-    reps = decode_documents(model, tok, docs, [len(tok.encode(d.target)) + 16 for d in docs], inputs)
-    tp = npred = ngold = 0
-    for r, d in zip(reps, docs):
-        s = score_answer(r.text, d.fields)
-        tp, npred, ngold = tp + s["tp"], npred + s["n_pred"], ngold + s["n_gold"]
-    p, rec = tp / max(1, npred), tp / max(1, ngold)
-    return 2 * p * rec / (p + rec) if p + rec > 0 else 0.0
+    return pooled_f1(model, tok, [render(rc.target_family, s) for s in validation_seeds(rc)], inputs)
 
 
 def train_control(

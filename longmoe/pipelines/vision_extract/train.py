@@ -67,10 +67,8 @@ def curve_family(rc: VisionExtractConfig) -> str:
     return rc.target_family if rc.target_family in rc.mix else sorted(rc.mix, key=lambda f: -rc.mix[f])[0]
 
 
-def curve_f1(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inputs: str) -> float:
-    """Pooled field F1 on ``rc.curve_n`` held-out renders of ``curve_family(rc)`` (greedy)."""
-    fam = curve_family(rc)
-    docs = [render(fam, s) for s in held_out_seeds(rc.curve_n, CURVE_OFFSET)]
+def pooled_f1(model: LongMoE, tok: Tokenizer, docs: list, inputs: str) -> float:
+    """Pooled (micro) field F1 of greedy answers on ``docs``."""
     reps = decode_documents(model, tok, docs, [len(tok.encode(d.target)) + 16 for d in docs], inputs)
     tp = npred = ngold = 0
     for r, d in zip(reps, docs):
@@ -78,6 +76,12 @@ def curve_f1(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inputs: st
         tp, npred, ngold = tp + s["tp"], npred + s["n_pred"], ngold + s["n_gold"]
     p, rec = tp / max(1, npred), tp / max(1, ngold)
     return 2 * p * rec / (p + rec) if p + rec > 0 else 0.0
+
+
+def curve_f1(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inputs: str) -> float:
+    """Pooled field F1 on ``rc.curve_n`` held-out renders of ``curve_family(rc)`` (greedy)."""
+    fam = curve_family(rc)
+    return pooled_f1(model, tok, [render(fam, s) for s in held_out_seeds(rc.curve_n, CURVE_OFFSET)], inputs)
 
 
 def train_extractor(
