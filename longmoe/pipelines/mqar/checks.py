@@ -114,10 +114,13 @@ def expected_checks(rc: SweepConfig, best: list[RunResult]) -> list[Check]:
                     if unsolved
                     else ""
                 )
+                verdict = "confirmed" if holds else "not confirmed"
+                if len(unsolved) == len(rs):  # nothing learnt at T: no recall to keep, whatever n gives
+                    verdict = f"not measurable: no cell reaches {t} at {T} tokens"
                 out.append(
                     Check(
                         f"{p}{tag} keeps its recall at {m_}x the training length ({n} tokens; within 0.05)",
-                        "confirmed" if holds else "not confirmed",
+                        verdict,
                         _describe(rc, rs, n) + note,
                     )
                 )
