@@ -136,10 +136,12 @@ def test_unsolved_cells_count_in_the_extrapolation_verdict():
 def test_extrapolation_is_not_measurable_when_no_cell_learns_the_task():
     """A pattern at chance in every cell has no recall to keep: its flat accuracy is not a
     'confirmed' extrapolation."""
-    rc = SweepConfig(patterns=["M"], pairs=[4, 32], train_len=128, vocab_size=256, positions=["none"])
-    best = [_run("M", 4, 0.25), _run("M", 32, 0.03)]  # chance level, flat with length
+    rc = SweepConfig(patterns=["M", "L"], pairs=[4, 32], train_len=128, vocab_size=256, positions=["none"])
+    best = [_run("M", 4, 0.25), _run("M", 32, 0.03), _run("L", 4, 0.98), _run("L", 32, 0.95)]  # M at chance
     (c,) = [c for c in expected_checks(rc, best) if c.claim.startswith("M keeps its recall at 4x")]
     assert c.verdict.startswith("not measurable") and "2 of 2 cells below 0.99" in c.evidence
+    (c,) = [c for c in expected_checks(rc, best) if c.claim.startswith("L keeps its recall at 4x")]
+    assert c.verdict == "confirmed", "just under the target is still recall to keep"
 
 
 def test_legacy_runs_are_flagged_in_the_report_and_retrained(tmp_path, monkeypatch):
