@@ -234,10 +234,16 @@ def _fmt(xs: list[float]) -> list[str]:
 
 
 def compile_config(name: str) -> ModelConfig:
-    """``--compile-model``: ``tiny`` (the hybrid above) or ``100m``: the ``small`` preset cut to 4 layers
-    (3 KDA + 1 MLA) and 32 experts, 111M parameters."""
+    """``--compile-model``: ``tiny`` (the hybrid above); ``100m``: the ``small`` preset cut to 4 layers
+    (3 KDA + 1 MLA) and 32 experts, 111M parameters; ``kimi300m``: the ~0.3B Kimi-Linear-shaped model
+    of the CPU side-by-side with llama.cpp (``bench/cpu_peer.py``), as ``convert --from-hf`` imports it."""
     if name == "tiny":
         return hybrid_config()
+    if name == "kimi300m":  # the config convert --from-hf writes for cpu_peer's transformers config
+        from bench.cpu_peer import kimi_shapes
+        from longmoe.interop.kimi_config import config_from_hf
+
+        return config_from_hf(kimi_shapes(quick=False), dtype="float32").replace(max_seq_len=MAX_CTX)
     cfg = preset("small")
     ffn = cfg.ffn.__class__(**{**cfg.ffn.__dict__, "n_experts": 32})
     return cfg.replace(n_layers=4, ffn=ffn, max_seq_len=MAX_CTX)
@@ -299,7 +305,7 @@ def compile_only(model: str, ctx: int, n: int, first_token_rounds: int = 1) -> i
         res = compiled_decode(eager, cfg, ctx, n, rows)
         n_params = eager.model.num_parameters() / 1e6
     res["first_token"] = ft
-    table = markdown_table(["measurement", "hybrid LLLM", "", ""], rows)
+    table = markdown_table(["measurement", "hybrid LLLM" if model == "tiny" else model, "", ""], rows)
     shapes = "tiny-preset shapes" if model == "tiny" else f"{model} model ({n_params:.0f}M parameters)"
     table += f"\n\nCPU, fp32, {threads} thread(s), shared machine; {shapes}, random weights."
     name = "serve_compile" if model == "tiny" else f"serve_compile_{model}"
@@ -325,7 +331,9 @@ def main() -> int:
         default=1,
         help="--compile-only: cold/warm first-token process pairs (0: skip; each cold one compiles)",
     )
-    ap.add_argument("--compile-model", choices=("tiny", "100m"), default="tiny", help="--compile-only model")
+    ap.add_argument(
+        "--compile-model", choices=("tiny", "100m", "kimi300m"), default="tiny", help="--compile-only model"
+    )
     ap.add_argument("--first-token-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
