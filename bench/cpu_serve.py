@@ -341,7 +341,6 @@ def stored_runs(cfg, dec_ctxs: list[int], pre_ctxs: list[int], threads: list[int
         if int(t) not in threads:
             for kind in ("decode", "prefill"):
                 run["measured"][kind] = {int(c): v for c, v in run["measured"][kind].items()}
-            run["floor_ms"] = dict(run["floor_ms"])
             out[int(t)] = run
     return out
 

@@ -291,13 +291,14 @@ def _cpu_serve(d: dict) -> list[Headline]:
                 readme=True,
             )
         )
+    rounds = len(m["prefill"][n]["longmoe fp32"])
     out.append(
         Headline(
             f"CPU prefill vs llama.cpp, {int(n):,}-token prompt (tok/s)",
             f"{pre['longmoe fp32']:.0f} (fp32); int8 {pre['longmoe int8']:.0f}",
             f"llama.cpp f32 {pre[peer]:.0f} ({_faster(pre['longmoe fp32'], pre[peer], 'llama.cpp', False)}); "
             f"q8_0 {pre['llama.cpp q8_0']:.0f}",
-            spread,
+            f"medians of {rounds} round-robin rounds, {threads} thread(s)",
             readme=True,
         )
     )

@@ -41,7 +41,6 @@ from longmoe.ops.moe import (
 
 PARAM_KEYS = ("router", "latent_proj", "routed_experts", "shared_experts")
 ENTROPY_TOKENS = 512  # tokens per forward the router-entropy metric is estimated on
-GATHER_MAX_PAIRS = 64  # static dispatch: (token, expert) pairs up to which weights are gathered per pair
 # static shapes, many pairs (a compiled prefill): the sorted dispatch runs eagerly between compiled
 # pieces; tracing its routing-dependent layout (Python loops over counts) only makes graph fragments
 _dispatch_untraced = torch.compiler.disable(dispatch_experts)
@@ -179,7 +178,7 @@ class MoELayer(nn.Module):
         grad = torch.is_grad_enabled() and (z.requires_grad or w.requires_grad or w_in.requires_grad)
         if idx.numel() <= DECODE_MAX_PAIRS and not grad:  # decode: the chosen experts' weights only
             return decode_experts(z, idx, w, w_in, w_out, self.cfg.glu)
-        if self.static_shapes and idx.numel() <= GATHER_MAX_PAIRS:  # with autograd: static shapes
+        if self.static_shapes and idx.numel() <= DECODE_MAX_PAIRS:  # the same, with autograd: gathered
             return gather_experts(z, idx, w, w_in, w_out, self.cfg.glu)
         if self.static_shapes:
             return _dispatch_untraced(z, idx, w, w_in, w_out, self.cfg.glu, self.impl)

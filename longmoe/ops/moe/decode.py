@@ -47,7 +47,7 @@ def by_expert(
         return out
     flat = idx.reshape(-1)
     order = torch.argsort(flat, stable=True)  # pairs grouped by expert, in token order within one
-    counts = torch.bincount(flat, minlength=int(flat.max()) + 1).tolist()
+    counts = torch.bincount(flat).tolist()  # [max expert + 1]
     out = torch.zeros_like(z)
     start = 0
     for e, c in enumerate(counts):
