@@ -8,6 +8,8 @@ mode ``"reduce-overhead"``). What makes that possible without graph breaks or a 
   position and attends over the whole reserved buffer with a mask (no host read of the lengths),
   routing has no data-dependent branch, and decode-sized MoE batches run their chosen experts in one
   custom op (``ops/moe/decode.py``, ``ops/quant.py`` for packed experts), opaque to dynamo;
+- on CPU a graph pass (``gemv_pass.py``) turns the ``B == 1`` graph's fp32 matrix-vector products into
+  inductor reductions that use every thread (BLAS's one-row kernel uses one);
 - before every call ``Cache.reserve`` sets the latent capacity to a bucket (``capacity_bucket``), and the
   capacity (and, for ``B >= 2``, the batch) is marked symbolic *before* the first compile, so a
   growing context or a changing batch never compiles again: exactly two decode graphs, ``B == 1``
@@ -38,6 +40,7 @@ import torch
 
 from longmoe.cache import Cache
 from longmoe.model import LongMoE
+from longmoe.serve.gemv_pass import OneRowGemv
 
 logger = logging.getLogger(__name__)
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -105,9 +108,14 @@ class CompiledSteps:
         self.backend = backend
         model.set_static_shapes(True)
         cuda = next(model.parameters()).device.type == "cuda"
-        mode = "reduce-overhead" if cuda and backend == "inductor" else None
-        self.cache_path = use_cache_dir() if backend == "inductor" else None
-        self._decode = torch.compile(_decode_logits, backend=backend, mode=mode, fullgraph=True)
+        inductor = backend == "inductor"
+        mode = "reduce-overhead" if cuda and inductor else None
+        # CPU: one-row fp32 linears as threaded inductor reductions, not 1-thread BLAS (gemv_pass.py)
+        options = {"post_grad_custom_post_pass": OneRowGemv()} if inductor and not cuda else None
+        self.cache_path = use_cache_dir() if inductor else None
+        self._decode = torch.compile(
+            _decode_logits, backend=backend, mode=mode, options=options, fullgraph=True
+        )
         self.compile_seconds = 0.0  # wall time of calls that compiled
         self.compiles: dict[str, float] = {}  # graph kind -> seconds its compile took
         self.recompiles = 0  # compiles of a kind already compiled (a guard failed): must stay 0
