@@ -65,7 +65,8 @@ class LongArm:
                            cache_budget_bytes=8 << 30, max_context=1 << 17)  # fmt: skip
         self.engine = Engine(model.float(), tok, cfg)
         self.model = self.engine.model
-        self.fn = self.engine.compiled or (lambda x, cache: self.model(x, cache=cache).logits)
+        # eager: the head on the last position only, as the engine and llama.cpp run a prefill
+        self.fn = self.engine.compiled or (lambda x, c: self.model(x, cache=c, logits_to_keep=1).logits)
 
     @torch.inference_mode()  # as the engine's loop runs its steps
     def prefill(self, ids: list[int]):

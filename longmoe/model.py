@@ -199,6 +199,7 @@ class LongMoE(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
         use_cache: bool = False,
         image_embeds: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> ModelOutput:
         """``input_ids [B, T]``; ``labels [B, T]`` already shifted (-100 = ignored).
 
@@ -207,12 +208,19 @@ class LongMoE(nn.Module):
         ``cu_seqlens [N+1]`` packs documents into one row (``B == 1``) without leaking across them.
         ``image_embeds [n, d]`` (``encode_images``) fill this call's ``n`` ``<|image_patch|>`` positions in
         row-major order; a model with a vision encoder needs exactly one embedding per such position.
+        ``logits_to_keep = n > 0`` runs the head on the last ``n`` positions only (``logits [B, n, V]``): a
+        prefill needs one row, and the head on every prompt position is a quarter of a 0.3B model's
+        prefill FLOPs at a 32K vocabulary.
         """
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise ValueError(
                 f"input_ids: expected a LongTensor [B, T], got {getattr(input_ids, 'shape', None)}"
             )
         B, T = input_ids.shape
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep: expected an int >= 0 (0 = all), got {logits_to_keep!r}")
+        if logits_to_keep and labels is not None:
+            raise ValueError("logits_to_keep: the loss needs every position's logits; pass 0 with labels")
         packing = None
         if cu_seqlens is not None:
             if cache is not None or use_cache:
@@ -235,7 +243,7 @@ class LongMoE(nn.Module):
                 h = h + b.feed(h)
         else:
             h = self._forward_attn_res(h, cache, packing)
-        logits = self._head(h)  # [B, T, vocab]
+        logits = self._head(h[:, -logits_to_keep:] if logits_to_keep else h)  # [B, T or n, vocab]
         if cache is not None:
             cache.advance(T)
 

@@ -86,6 +86,21 @@ def test_chunked_prefill_equals_full_forward(splits):
     assert (torch.cat(outs, 1) - full).abs().max() < TOL
 
 
+@pytest.mark.parametrize("keep", [1, 5, 40])
+def test_logits_to_keep_gives_the_last_positions_of_the_full_forward(keep):
+    """A prefill's head on the last ``keep`` positions only: the same numbers as those rows of the full
+    logits, and the same cache after it (the next call's logits agree too)."""
+    m = model(cfg("LLLM"))
+    x = ids(2, 40, 3)
+    with torch.no_grad():
+        full = m(x, use_cache=True)
+        part = m(x, use_cache=True, logits_to_keep=keep)
+        assert part.logits.shape == (2, keep, full.logits.shape[-1])
+        assert (part.logits - full.logits[:, -keep:]).abs().max() < TOL
+        nxt = ids(2, 1, 4)
+        assert (m(nxt, cache=part.cache).logits - m(nxt, cache=full.cache).logits).abs().max() < TOL
+
+
 def test_causality():
     """Changing token t never changes the logits before t."""
     m = model(cfg("LLLM"))
@@ -222,6 +237,11 @@ def test_bad_inputs_raise():
         m(x, cu_seqlens=torch.tensor([0, 10]), use_cache=True)
     with pytest.raises(ValueError, match="cache"):
         m(x, cache=m.new_cache(2))
+    for bad in (-1, 1.0, True):
+        with pytest.raises(ValueError, match="logits_to_keep"):
+            m(x, logits_to_keep=bad)
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        m(x, labels=x, logits_to_keep=1)
 
 
 def test_tiny_moe_model_trains_and_decodes():

@@ -133,7 +133,7 @@ class CompiledSteps:
         T, B = x.shape[1], x.shape[0]
         cache.reserve(T)
         if T > 1:
-            return self.model(x, cache=cache).logits[:, -1:]  # prefill: eager (module docstring)
+            return self.model(x, cache=cache, logits_to_keep=1).logits  # prefill: eager (module docstring)
         if not self._warmup_done():  # compiling in the background: the same step eagerly meanwhile
             return _decode_logits(self.model, x, cache)
         with self._lock:

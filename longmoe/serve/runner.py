@@ -67,10 +67,11 @@ class ModelRunner:
     def _forward(
         self, x: torch.Tensor, cache: Cache, image_embeds: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Prompt tokens ``x [B, T]`` into ``cache`` (and the draft's layers); the target's logits."""
+        """Prompt tokens ``x [B, T]`` into ``cache`` (and the draft's layers); the target's logits of (at
+        least) the last position."""
         if self.speculator is not None:
             return self.speculator.forward(x, cache, image_embeds)
-        return self.model(x, cache=cache, image_embeds=image_embeds).logits
+        return self.model(x, cache=cache, image_embeds=image_embeds, logits_to_keep=1).logits  # [B, 1, V]
 
     def last_logits(
         self, x: torch.Tensor, cache: Cache, image_embeds: torch.Tensor | None = None
