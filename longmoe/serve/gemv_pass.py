@@ -25,12 +25,16 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 aten = torch.ops.aten
 
 
-def _is_one_row_fp32(a: torch.fx.Node) -> bool:
+def _fp32_cpu_matrix(a: object) -> torch.Tensor | None:
+    """The fake value of an fp32 CPU matrix node, else None."""
     val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-    if not isinstance(val, torch.Tensor) or val.dim() != 2:
-        return False
-    rows = val.shape[0]
-    return isinstance(rows, int) and rows == 1 and val.dtype == torch.float32 and val.device.type == "cpu"
+    ok = isinstance(val, torch.Tensor) and val.dim() == 2 and val.dtype == torch.float32
+    return val if ok and val.device.type == "cpu" else None
+
+
+def _is_one_row_fp32(x: object, w: object) -> bool:
+    xv, wv = _fp32_cpu_matrix(x), _fp32_cpu_matrix(w)
+    return xv is not None and wv is not None and isinstance(xv.shape[0], int) and xv.shape[0] == 1
 
 
 def _call(graph: torch.fx.Graph, op, args: tuple, mode) -> torch.fx.Node:
@@ -55,7 +59,7 @@ class OneRowGemv(CustomGraphPass):
                 bias, x, w = node.args
             else:
                 continue
-            if not _is_one_row_fp32(x) or w.meta["val"].dtype != torch.float32:
+            if not _is_one_row_fp32(x, w):
                 continue
             mode = x.meta["val"].fake_mode
             with graph.inserting_before(node):
