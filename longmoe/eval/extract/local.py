@@ -56,7 +56,7 @@ def greedy_batch(
     x = torch.tensor(prompts, device=dev)  # [B, T]
     imgs = [p for p in images if p is not None]
     emb = model.encode_images(imgs) if imgs else None  # [sum patches, d]
-    out = model(x, use_cache=True, image_embeds=emb)
+    out = model(x, use_cache=True, image_embeds=emb, logits_to_keep=1)  # the head on the last position
     cache, nxt = out.cache, out.logits[:, -1].argmax(-1)  # [B]
     gen = [[] for _ in prompts]
     done = [False] * len(prompts)
