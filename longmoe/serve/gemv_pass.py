@@ -2,11 +2,11 @@
 
 A batch-1 decode step's dense linears are matrix-vector products (``[1, d_in] @ W^T``): pure weight
 reads, so their speed is memory bandwidth. Inductor hands ``mm``/``addmm`` to the BLAS library, whose
-one-row fp32 kernel uses one thread and reached ~15 GB/s here at 1 and 2 threads alike (cold weights,
-``bench/results/cpu_serve.md``), while llama.cpp's f32 decode scales with the second thread. Written
-as ``(x[:, :, None] * W^T[None]).sum(1)`` the same product becomes an inductor C++ reduction that is
-vectorized along the weight's contiguous input axis and split across threads: 18 GB/s at 1 thread,
-23 GB/s at 2 on the same weights.
+one-row fp32 kernel uses one thread: 12-15 GB/s here at 1 and 2 threads alike (60 cold 3072×1024
+weights), while llama.cpp's f32 decode scales with the second thread. Written as
+``(x[:, :, None] * W^T[None]).sum(1)`` the same product becomes an inductor C++ reduction that is
+vectorized along the weight's contiguous input axis and split across threads: 14 GB/s at 1 thread,
+31 GB/s at 2 on the same weights (docs/benchmarks.md, CPU serving).
 
 The pass rewrites only what it can prove: an ``mm``/``addmm`` (default scalars) whose left operand has a
 static first dim of 1, fp32, on CPU. Batched graphs (symbolic ``B``), other dtypes and the packed int8
