@@ -35,12 +35,14 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from longmoe.cache import Cache
 from longmoe.model import LongMoE
 from longmoe.serve.gemv_pass import OneRowGemv
+from longmoe.serve.precompiled import PrecompiledStore, artifact_key
 
 logger = logging.getLogger(__name__)
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -100,6 +102,15 @@ def _mark_symbolic(x: torch.Tensor, cache: Cache) -> None:
                 torch._dynamo.maybe_mark_dynamic(t, 1)
 
 
+def _guard_failure(step: Any, *args: Any) -> str:
+    """The first failed guard of an ``aot_compile``'d step, for the log."""
+    try:
+        info = step._artifacts.guard_manager.check_verbose(step.prepare_f_locals(*args))
+        return "; ".join(info.verbose_code_parts)[:300]
+    except Exception as e:  # noqa: BLE001 - only a log line: torch's private API may move
+        return f"reason unavailable: {type(e).__name__}"
+
+
 class CompiledSteps:
     """``steps(x [B, T], cache) -> logits [B, 1, V]`` of the last position; decode compiled, prefill eager."""
 
@@ -116,6 +127,12 @@ class CompiledSteps:
         self._decode = torch.compile(
             _decode_logits, backend=backend, mode=mode, options=options, fullgraph=True
         )
+        # CPU inductor: whole steps saved and loaded by aot_compile (precompiled.py); elsewhere (CUDA
+        # graphs, test backends) dynamo's in-process compile only
+        self._store = PrecompiledStore(cache_dir() / "precompiled") if inductor and not cuda else None
+        self._options = f"mode={mode};gemv={options is not None}"
+        self._steps: dict[str, Any] = {}  # graph kind -> a loaded or aot-compiled step
+        self.precompiled_loads = 0  # graph kinds loaded from disk instead of compiled
         self.compile_seconds = 0.0  # wall time of calls that compiled
         self.compiles: dict[str, float] = {}  # graph kind -> seconds its compile took
         self.recompiles = 0  # compiles of a kind already compiled (a guard failed): must stay 0
@@ -143,6 +160,18 @@ class CompiledSteps:
         return self._warmup is None or not self._warmup.is_alive()
 
     def _run(self, kind: str, x: torch.Tensor, cache: Cache) -> torch.Tensor:
+        if self._store is not None and kind not in self.compiles:
+            self._precompile(kind, x, cache)
+        step = self._steps.get(kind)
+        if step is not None:  # its symbolic dims are in its graph: no marking (a loaded step's guards
+            # expect none, so a marked tensor would fail them)
+            if step.guard_check(self.model, x, cache):
+                return step(self.model, x, cache)
+            # outside what the step was compiled for (e.g. called outside inference mode): dynamo's
+            # in-process compile from here on (counted as a recompile there: the kind was compiled)
+            self._steps.pop(kind)
+            why = _guard_failure(step, self.model, x, cache)
+            logger.warning("torch.compile: %s precompiled guards failed (%s); compiling here", kind, why)
         _mark_symbolic(x, cache)
         before = _graphs()
         t0 = time.perf_counter()
@@ -159,6 +188,32 @@ class CompiledSteps:
                 where = f", cache {self.cache_path}" if self.cache_path else ""
                 logger.info("torch.compile: %s compiled in %.1f s (%s%s)", kind, dt, self.backend, where)
         return out
+
+    def _precompile(self, kind: str, x: torch.Tensor, cache: Cache) -> None:
+        """Load ``kind``'s step from the store, else ``aot_compile`` it (as dynamo would, plus the
+        guards and code in one file) and save it; on failure leave it to the in-process compile."""
+        assert self._store is not None
+        key = artifact_key(self.model, self.backend, self._options, kind)
+        t0 = time.perf_counter()
+        step = self._store.load(key, self.model)
+        loaded = step is not None
+        if step is None:
+            _mark_symbolic(x, cache)
+            try:
+                step = self._decode.aot_compile(((self.model, x, cache), {}))
+            except Exception as e:  # noqa: BLE001 - the in-process compile still works
+                logger.warning("torch.compile: %s not precompiled (%s: %s)", kind, type(e).__name__, e)
+                self._store = None
+                return
+            self._store.save(key, step, self.model)
+        step.disable_guard_check()  # checked in _run, where a failure falls back instead of raising
+        dt = time.perf_counter() - t0
+        self._steps[kind] = step
+        self.compiles[kind] = dt
+        self.compile_seconds += dt
+        self.precompiled_loads += loaded
+        how = "loaded precompiled" if loaded else "compiled and saved"
+        logger.info("torch.compile: %s %s in %.1f s (%s)", kind, how, dt, self._store.path(key))
 
     def warmup(self, batch_sizes: tuple[int, ...] = (1, 2), background: bool = False) -> float:
         """Compile the decode graphs ahead of requests (``B == 1`` and ``B >= 2``). Returns the seconds
@@ -194,6 +249,7 @@ class CompiledSteps:
             "compile_seconds": self.compile_seconds,
             "compiled_graphs": len(self.compiles),
             "recompiles": self.recompiles,
+            "precompiled_loads": self.precompiled_loads,
             "compile_warming_up": int(not self._warmup_done()),
         }
 

@@ -24,17 +24,17 @@ def _params(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
 
-def _engine(**kw) -> Engine:
+def _engine(seed: int = 0, **kw) -> Engine:
     cfg = EngineConfig(prefill_chunk=16, **kw)
-    return Engine(tiny_model(**SMALL), tokenizer_for_tests(VOCAB), cfg)
+    return Engine(tiny_model(seed, **SMALL), tokenizer_for_tests(VOCAB), cfg)
 
 
 def _tokens(e: Engine, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> list[list[int]]:
     return [c.token_ids for c in e.generate_batch(prompts, [_params(n) for n in max_tokens])]
 
 
-def _eager_tokens() -> list[list[int]]:
-    with _engine() as e:
+def _eager_tokens(seed: int = 0) -> list[list[int]]:
+    with _engine(seed=seed) as e:
         return _tokens(e)
 
 
@@ -100,3 +100,32 @@ def test_inductor_decode_tokens_identical():
     assert e.stats()["recompiles"] == 0
     assert e.compiled.cache_path is not None and e.compiled.cache_path == cache_dir()
     e.close()
+    # a second engine, on other weights of the same shapes, loads both steps saved above (weights are
+    # the steps' inputs, not constants): nothing traced or compiled, and that model's eager tokens
+    cfg = EngineConfig(prefill_chunk=16, compile=True)
+    other = Engine(tiny_model(1, **SMALL), tokenizer_for_tests(VOCAB), cfg)
+    other.compiled.join()
+    assert other.stats()["precompiled_loads"] == 2
+    assert _tokens(other) == _eager_tokens(seed=1)
+    assert other.stats()["recompiles"] == 0
+    other.close()
+
+
+class _FailingGuards:
+    """A precompiled step whose guards reject every call (as one compiled for other inputs would)."""
+
+    def guard_check(self, *args) -> bool:
+        return False
+
+
+def test_precompiled_step_failing_guards_falls_back_to_compiling():
+    """A loaded step that does not fit the call is dropped, counted as a recompile, logged, and the step
+    compiles in-process: the same tokens, no exception."""
+    e = _compiled("eager")
+    e.compiled._steps[CompiledSteps.kind(1)] = _FailingGuards()
+    e.compiled.compiles[CompiledSteps.kind(1)] = 0.0
+    got = _tokens(e, PROMPTS[:1], MAX_TOKENS[:1])
+    stats = e.stats()
+    e.close()
+    assert got == _eager_tokens()[:1]
+    assert stats["recompiles"] == 1 and CompiledSteps.kind(1) not in e.compiled._steps
