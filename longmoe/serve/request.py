@@ -239,19 +239,33 @@ def check_lengths(n_prompt: int, max_tokens: int, max_context: int, budget: Cach
 class RequestHandle:
     """A submitted request: iterate its events, wait for the result, or cancel it."""
 
-    def __init__(self, req: Request, q: queue.Queue | None, cancel: Callable[[Request], None]) -> None:
-        self._req, self._q, self._cancel = req, q, cancel
+    def __init__(
+        self,
+        req: Request,
+        q: queue.Queue | None,
+        cancel: Callable[[Request], None],
+        pump: Callable[[], bool] | None = None,
+    ) -> None:
+        # pump: runs one engine step in this thread when no engine thread does (False: wait instead)
+        self._req, self._q, self._cancel, self._pump = req, q, cancel, pump
         self.id, self.prompt_tokens = req.id, len(req.prompt_ids)
         self.completion: Completion | None = None
 
     def cancel(self) -> None:
         self._cancel(self._req)
+        if self._pump is not None:
+            self._pump()  # without an engine thread, the row leaves the batch now
 
     def events(self, timeout: float | None = None) -> Iterator[Event]:
         if self._q is None:
             raise RuntimeError("this request delivers its events to the sink it was submitted with")
         while self.completion is None:
-            ev = self._q.get(timeout=timeout)
+            try:
+                ev = self._q.get_nowait()
+            except queue.Empty:
+                if self._pump is not None and self._pump():
+                    continue
+                ev = self._q.get(timeout=timeout)
             if ev.done is not None:
                 self.completion = ev.done
             yield ev

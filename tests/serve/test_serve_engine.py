@@ -4,6 +4,7 @@ batched == solo (no cross-talk), seeds reproduce, stops cut, budget waits/reject
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 
 import pytest
@@ -304,3 +305,44 @@ def test_a_consumer_that_raises_loses_only_its_own_request():
         good = e.submit([5, 6, 7, 8], params)
         assert [t for ev in good.events() for t in ev.token_ids] == ref
     assert len(events) == 3 and events[-1].done is not None and events[-1].done.finish_reason == "error"
+
+
+def test_a_waiting_caller_runs_the_steps_in_its_own_thread(model_dir, monkeypatch):
+    """Queue handles are driven by the caller waiting on them (the thread that built the model keeps
+    one OpenMP pool): no engine thread starts, and every step runs in the caller's thread."""
+    with Engine.from_dir(model_dir, prefill_chunk=8) as e:
+        seen = []
+        step = e.step
+        monkeypatch.setattr(e, "step", lambda: (seen.append(threading.get_ident()), step())[1])
+        outs = e.generate_batch(PROMPTS[:2], GREEDY)
+        assert [len(o.token_ids) for o in outs] == [10, 10]
+        assert e._thread is None and seen and set(seen) == {threading.get_ident()}
+
+
+def test_sink_requests_run_on_the_engine_thread_beside_waiting_callers(model_dir):
+    """A sink's events flow with nobody waiting (the API server's case): the engine thread starts and
+    runs them; a queue handle submitted meanwhile waits for that thread instead of pumping, with the
+    same greedy tokens as alone."""
+    with Engine.from_dir(model_dir, prefill_chunk=8) as e:
+        want = e.generate(PROMPTS[0], GREEDY).token_ids
+        got = []
+        done = threading.Event()
+
+        def sink(ev):
+            got.extend(ev.token_ids)
+            if ev.done is not None:
+                done.set()
+
+        e.submit(PROMPTS[0], GREEDY, sink=sink)
+        assert e._thread is not None and e._thread.is_alive()
+        assert e.generate(PROMPTS[0], GREEDY).token_ids == want
+        assert done.wait(60) and got == want
+
+
+def test_a_stream_stopped_early_frees_its_row_without_an_engine_thread(model_dir):
+    with Engine.from_dir(model_dir, prefill_chunk=8) as e:
+        it = e.stream(PROMPTS[0], SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True))
+        next(it)
+        it.close()  # cancels; the cancelling caller runs the step that drops the row
+        assert e._thread is None
+        assert e.stats()["running"] == 0 and e.cache_bytes_in_use == 0
