@@ -23,8 +23,10 @@ cost minutes of inductor builds, and a prefill chunk is already large ops (docs/
 Compile cost is visible and cached: each compile is logged at INFO with its seconds (``report()`` and
 ``Engine.stats()`` carry them, and ``recompiles``: compiles of a graph kind already compiled, which the
 tests require to stay 0); inductor's on-disk caches (FX graph + AOTAutograd) live in a stable per-user
-directory (``cache_dir``), so a second process skips the C++ builds. ``warmup(background=True)`` compiles
-in a thread while the engine serves: until a graph is ready its calls run the same model eagerly.
+directory (``cache_dir``), so a second process skips the C++ builds, and on CPU each step is saved whole
+(``precompiled.py``: ``aot_compile``, guards and code) so a second process skips dynamo's tracing too.
+``warmup(background=True)`` compiles in a thread while the engine serves: until a graph is ready its
+calls run the same model eagerly.
 """
 
 from __future__ import annotations
