@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 import uvicorn
 
@@ -18,6 +20,7 @@ from longmoe.serve.api.app import DEFAULT_MAX_CONNECTIONS
 from longmoe.serve.api.state import DEFAULT_BODY_TIMEOUT_S, LOCAL_HOSTS
 from longmoe.serve.cli_generate import add_engine_arguments, engine_from_args
 from longmoe.serve.compiled import announce
+from longmoe.serve.engine import Engine
 
 API_KEY_ENV = "LONGMOE_API_KEY"
 _ANY_ADDRESS = ("0.0.0.0", "::", "")
@@ -104,6 +107,34 @@ def run(args: argparse.Namespace) -> int:
         print(
             "note: bound to every interface; add this machine's names with --allowed-hosts", file=sys.stderr
         )
+    server = uvicorn.Server(uvicorn_config(app, args.host, args.port, args.max_connections, args.log_level))
     with engine:
-        uvicorn.Server(uvicorn_config(app, args.host, args.port, args.max_connections, args.log_level)).run()
-    return 0
+        return serve_on_main_thread(engine, server)
+
+
+def serve_on_main_thread(engine: Engine, server: uvicorn.Server) -> int:
+    """The engine's steps on this (main) thread, where the model was loaded, and uvicorn on another:
+    with OpenMP, a second thread running the model pays ~30 µs more per parallel region (engine.py,
+    docs/serve.md). SIGINT / SIGTERM stop both; if the server cannot start or stops, so does the engine."""
+
+    def http() -> None:
+        try:
+            server.run()
+        finally:
+            engine.stop()  # wakes run_forever (the port taken, or a shutdown)
+
+    def stop(signum: int, frame: object) -> None:
+        server.should_exit = True
+        engine.stop()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    th = threading.Thread(target=http, name="longmoe-http", daemon=True)
+    th.start()
+    try:
+        engine.run_forever()
+    finally:
+        server.should_exit = True
+        th.join(timeout=30)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0 if server.started else 1

@@ -259,9 +259,14 @@ class Engine:
             **(self.compiled.report() if self.compiled is not None else {}),
         }
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """End the loop (``run_forever`` or the engine thread's) without waiting for it; safe from a
+        signal handler or another thread. Requests still queued end as cancelled."""
         self.scheduler.close()
-        if self._thread is not None:
+
+    def close(self) -> None:
+        self.stop()
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
         if not self._worker_alive():
             with self._step_lock:  # requests no caller waited for end here, as the thread's loop ends them
@@ -279,8 +284,9 @@ class Engine:
     # thread that runs parallel ops gets its own pool; once the process has more pool threads than
     # cores, libgomp stops spinning between parallel regions and each one pays a futex wake-up
     # (~30 µs): the 0.3B model's 1K prefill took 5.9 s in a second thread vs 3.2 s in the one that
-    # built it (docs/serve.md). The engine thread is started only for sink submissions (the API
-    # server's), whose events must flow with no caller waiting.
+    # built it (docs/serve.md). The engine thread is started only for sink submissions, whose events
+    # must flow with no caller waiting, and only if no thread runs ``run_forever`` (``longmoe serve``
+    # runs it on the main thread, where the model was loaded).
     def _worker_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -295,6 +301,19 @@ class Engine:
             with torch.inference_mode():
                 self._safe_step()
         return True
+
+    def run_forever(self) -> None:
+        """Run the steps in the calling thread until ``stop()`` (from another thread or a signal
+        handler): ``longmoe serve`` gives the engine its main thread, where the model was loaded, and
+        runs the HTTP server on another. Sink requests then need no engine thread."""
+        with self.scheduler.cv:
+            if self._worker_alive():
+                raise RuntimeError("the engine's steps already run on another thread")
+            self._thread = threading.current_thread()
+        try:
+            self._loop()
+        finally:
+            self._thread = None
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():

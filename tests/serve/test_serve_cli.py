@@ -125,6 +125,22 @@ def test_serve_command_with_env_api_key(model_dir):
         r = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer sekret"})
         assert r.status_code == 200
         assert r.json()["data"][0]["id"] == model_dir.name
+        body = {"model": model_dir.name, "prompt": "def main", "max_tokens": 4, "ignore_eos": True}
+        auth = {"Authorization": "Bearer sekret"}
+        r = httpx.post(url + "/v1/completions", json=body, headers=auth, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        proc.terminate()  # SIGTERM: the server and the engine's loop on the main thread both stop
+        assert proc.wait(timeout=30) == 0
+
+
+def test_serve_on_a_taken_port_exits_with_an_error(model_dir):
+    """The HTTP thread cannot bind: the engine's loop on the main thread stops too, exit status 1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "longmoe", "serve", "--model", str(model_dir), "--port", str(port)]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    assert "address already in use" in p.stderr

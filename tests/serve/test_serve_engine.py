@@ -346,3 +346,27 @@ def test_a_stream_stopped_early_frees_its_row_without_an_engine_thread(model_dir
         it.close()  # cancels; the cancelling caller runs the step that drops the row
         assert e._thread is None
         assert e.stats()["running"] == 0 and e.cache_bytes_in_use == 0
+
+
+def test_run_forever_runs_every_step_on_its_thread_until_stopped(model_dir, monkeypatch):
+    """``run_forever`` (``longmoe serve``'s main thread) runs sink and queue requests alike on the thread
+    that called it, refuses a second runner, and returns on ``stop()``."""
+    with Engine.from_dir(model_dir, prefill_chunk=8) as e:
+        want = e.generate(PROMPTS[0], GREEDY).token_ids
+        seen = []
+        step = e.step
+        monkeypatch.setattr(e, "step", lambda: (seen.append(threading.get_ident()), step())[1])
+        runner = threading.Thread(target=e.run_forever)
+        runner.start()
+        while e._thread is not runner:
+            time.sleep(0.01)
+        with pytest.raises(RuntimeError, match="already run"):
+            e.run_forever()
+        done, got = threading.Event(), []
+        e.submit(PROMPTS[0], GREEDY, sink=lambda ev: (got.extend(ev.token_ids), ev.done and done.set()))
+        assert e.generate(PROMPTS[0], GREEDY).token_ids == want
+        assert done.wait(60) and got == want
+        e.stop()
+        runner.join(30)
+        assert not runner.is_alive() and e._thread is None
+        assert set(seen) == {runner.ident}
