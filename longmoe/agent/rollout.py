@@ -144,14 +144,17 @@ def collect(
             eps.append(_Episode(tr, st, engine.open_session() if cfg.sessions else None))
             pending[len(eps) - 1] = ids.ids
     live = 0
-    for i in list(pending):
-        live += _submit(engine, eps[i], i, pending.pop(i), cfg, done_q)
-    while live:
-        i, c = done_q.get()
-        live -= 1
-        obs = _advance(engine, eps[i], c)
-        if obs is not None:
-            live += _submit(engine, eps[i], i, obs, cfg, done_q)
+    with engine.driven_here():  # the steps run here, in the thread that built (and trains) the model
+        for i in list(pending):
+            live += _submit(engine, eps[i], i, pending.pop(i), cfg, done_q)
+        while live:
+            while done_q.empty() and engine.pump():
+                pass
+            i, c = done_q.get()  # (pump False: another thread runs the steps)
+            live -= 1
+            obs = _advance(engine, eps[i], c)
+            if obs is not None:
+                live += _submit(engine, eps[i], i, obs, cfg, done_q)
     return [e.traj for e in eps]
 
 

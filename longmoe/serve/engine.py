@@ -14,6 +14,7 @@ caller's thread. Prefix reuse, speculative decoding, sessions and images never c
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import queue
@@ -102,6 +103,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._step_lock = threading.Lock()  # one step at a time: the engine thread or a pumping caller
         self._stepping: int | None = None  # the thread inside a step (its sinks must not pump)
+        self._driven = 0  # open ``driven_here`` blocks: their sink requests start no engine thread
         self.cache_bytes_in_use = 0
 
     # ------------------------------------------------------------------ construction
@@ -195,9 +197,9 @@ class Engine:
         )
         with self.scheduler.cv:  # one thread starts, however many callers submit at once
             self.scheduler.add(req)
-            if q is None:  # a sink's events must flow without its caller: the engine thread runs them
+            if q is None and not self._driven:  # a sink's events must flow without its caller
                 self._ensure_thread()
-        return RequestHandle(req, q, self.scheduler.cancel, self._pump)
+        return RequestHandle(req, q, self.scheduler.cancel, self.pump)
 
     def generate(
         self,
@@ -215,7 +217,7 @@ class Engine:
     def close_session(self, session: Session) -> None:
         """Release the session's kept row (after its running request, if any, finishes)."""
         self.scheduler.close_session(session)
-        self._pump()  # without an engine thread, release the row now
+        self.pump()  # without an engine thread, release the row now
 
     def generate_batch(
         self,
@@ -279,7 +281,7 @@ class Engine:
         self.close()
 
     # ------------------------------------------------------------------ who runs the steps
-    # A caller waiting on its handle runs the steps itself (``_pump``) unless the engine thread runs:
+    # A caller waiting on its handle runs the steps itself (``pump``) unless the engine thread runs:
     # then the model computes in the thread that built it. With PyTorch's OpenMP (libgomp) every
     # thread that runs parallel ops gets its own pool; once the process has more pool threads than
     # cores, libgomp stops spinning between parallel regions and each one pays a futex wake-up
@@ -290,7 +292,22 @@ class Engine:
     def _worker_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _pump(self) -> bool:
+    @contextlib.contextmanager
+    def driven_here(self) -> Iterator[None]:
+        """Sink requests submitted inside the block start no engine thread: the caller runs their steps
+        with ``pump()`` while it waits (the agent rollouts: many sinks, one waiting loop, in the thread
+        that trains). On leaving, work still queued goes to the engine thread."""
+        with self.scheduler.cv:
+            self._driven += 1
+        try:
+            yield
+        finally:
+            with self.scheduler.cv:
+                self._driven -= 1
+                if not self._driven and self.scheduler.has_work():
+                    self._ensure_thread()
+
+    def pump(self) -> bool:
         """Run one step in the calling thread if no engine thread runs and there is work; False if not
         (then the caller waits for its events)."""
         if self._worker_alive() or self._stepping == threading.get_ident():  # (a sink inside a step)

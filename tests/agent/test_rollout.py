@@ -68,3 +68,18 @@ def test_episode_truncated_at_the_token_limit(engine):
         assert t.truncated and t.reward == 0.0 and len(t.ids) <= 70
     engine.generate([5], SamplingParams(max_tokens=1))  # a step that processes the session closes
     assert engine.stats()["sessions_idle"] == 0 and engine.budget.reserved_bytes == 0
+
+
+def test_rollouts_run_their_steps_in_the_collecting_thread(model_dir):
+    """``collect`` drives the engine from its own thread (the one that trains): no engine thread starts,
+    and a second engine that already runs one still serves it (the caller then only waits)."""
+    import threading
+
+    with Engine.from_dir(model_dir, prefill_chunk=32, max_batch=16) as e:
+        trajs = collect(e, lambda i: FakeEnv(), [11], CFG)
+        assert e._thread is None and len(trajs) == CFG.group_size
+    with Engine.from_dir(model_dir, prefill_chunk=32, max_batch=16) as e:
+        done = threading.Event()
+        e.submit("x", SamplingParams(max_tokens=2), sink=lambda ev: ev.done and done.set())  # starts it
+        assert done.wait(60) and e._thread is not None
+        assert [t.ids for t in collect(e, lambda i: FakeEnv(), [11], CFG)] == [t.ids for t in trajs]
