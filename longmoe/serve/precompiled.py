@@ -31,14 +31,18 @@ KEEP = 32  # newest artifacts kept per directory (one model's two graph kinds us
 SUFFIX = ".pt2fn"
 
 
-@functools.cache
-def source_digest() -> str:
-    """sha256 over every ``.py`` file of the ``longmoe`` package (path and bytes): the code a step traced."""
-    root = Path(__file__).resolve().parents[1]
+def tree_digest(root: Path) -> str:
+    """sha256 over every ``.py`` file under ``root`` (relative path and bytes)."""
     h = hashlib.sha256()
     for p in sorted(root.rglob("*.py")):
         h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+@functools.cache
+def source_digest() -> str:
+    """``tree_digest`` of the ``longmoe`` package, once per process: the code a step traced."""
+    return tree_digest(Path(__file__).resolve().parents[1])
 
 
 @functools.cache

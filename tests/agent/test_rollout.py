@@ -4,6 +4,8 @@ resubmission give the same trajectories, seeds make them reproducible, truncatio
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -73,8 +75,6 @@ def test_episode_truncated_at_the_token_limit(engine):
 def test_rollouts_run_their_steps_in_the_collecting_thread(model_dir):
     """``collect`` drives the engine from its own thread (the one that trains): no engine thread starts,
     and a second engine that already runs one still serves it (the caller then only waits)."""
-    import threading
-
     with Engine.from_dir(model_dir, prefill_chunk=32, max_batch=16) as e:
         trajs = collect(e, lambda i: FakeEnv(), [11], CFG)
         assert e._thread is None and len(trajs) == CFG.group_size

@@ -5,6 +5,7 @@ and old files are pruned."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -37,8 +38,16 @@ def test_key_changes_with_backend_options_kind_and_sources(monkeypatch):
     assert _key(m) != before  # an edit to the package's code invalidates every saved step
 
 
-def test_source_digest_covers_the_model_code():
-    assert len(precompiled.source_digest()) == 64
+def test_source_digest_changes_with_any_python_file_and_only_those(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "layer.py").write_text("x = 1\n")
+    (tmp_path / "notes.md").write_text("a")
+    before = precompiled.tree_digest(tmp_path)
+    (tmp_path / "notes.md").write_text("b")
+    assert precompiled.tree_digest(tmp_path) == before
+    (tmp_path / "sub" / "layer.py").write_text("x = 2\n")
+    assert precompiled.tree_digest(tmp_path) != before
+    assert precompiled.source_digest() == precompiled.tree_digest(Path(precompiled.__file__).parents[1])
 
 
 def test_unreadable_artifact_is_moved_aside_not_raised(tmp_path, caplog):
