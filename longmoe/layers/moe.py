@@ -35,6 +35,8 @@ from longmoe.ops.moe import (
     decode_experts,
     dispatch_experts,
     gather_experts,
+    gathered_reduction,
+    one_token_compiled,
     route,
     selected_logits,
 )
@@ -176,6 +178,8 @@ class MoELayer(nn.Module):
         if self.expert_dispatch is not None:  # the seam (expert parallel)
             return self.expert_dispatch(z, idx, w, w_in, w_out)
         grad = torch.is_grad_enabled() and (z.requires_grad or w.requires_grad or w_in.requires_grad)
+        if not grad and one_token_compiled(z):  # a compiled batch-1 CPU step: threaded reductions
+            return gathered_reduction(z, idx, w, w_in, w_out, self.cfg.glu)
         if idx.numel() <= DECODE_MAX_PAIRS and not grad:  # decode: the chosen experts' weights only
             return decode_experts(z, idx, w, w_in, w_out, self.cfg.glu)
         if self.static_shapes and idx.numel() <= DECODE_MAX_PAIRS:  # the same, with autograd: gathered

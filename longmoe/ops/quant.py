@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from longmoe.ops.glu import glu_act
 from longmoe.ops.moe.decode import by_expert
+from longmoe.ops.moe.reduce import one_token_compiled
 
 MODES = ("int8", "int4")
 INT4_GROUPS = (256, 128, 64, 32)  # group sizes the CPU int4 kernel accepts
@@ -213,11 +214,35 @@ def quantized_experts(
     the expert's views; the loop never visits an idle expert. Inference only (no autograd). A
     ``torch.library`` custom op, so a compiled step calls it as one node (no graph break).
     """
+    if w_in.mode == "int8" and one_token_compiled(z):  # a compiled batch-1 CPU step: threaded reductions
+        return int8_gathered_reduction(z, idx, weights, w_in, w_out, glu)
     return _quantized_experts_op(
         z, idx, weights, w_in.qweight, w_in.scales, w_out.qweight, w_out.scales, w_in.mode, glu,
         [w_in.out_features, w_in.in_features, w_in.group_size],
         [w_out.out_features, w_out.in_features, w_out.group_size],
     )  # fmt: skip
+
+
+def int8_gathered_reduction(
+    z: torch.Tensor,
+    idx: torch.Tensor,
+    weights: torch.Tensor,
+    w_in: QuantizedWeight,
+    w_out: QuantizedWeight,
+    glu: str,
+) -> torch.Tensor:
+    """``quantized_experts`` for one token as int8 reductions (``ops/moe/reduce.py`` explains why):
+    under inductor each is one threaded C++ loop reading the chosen experts' int8 rows by index and
+    dequantizing in registers (no copy, no bf16 rounding of the activations).
+
+    z [1, ℓ]; idx, weights [1, k]; w_in int8 ``[E, 2f, ℓ]``, w_out ``[E, ℓ, f]`` (out × in) -> [1, ℓ].
+    """
+    e = idx[0]  # [k]
+    x = z[0].float()  # [ℓ]
+    h = (x[None, None, :] * w_in.qweight[e].float()).sum(-1) * w_in.scales[e].float()  # [k, 2f]
+    a = glu_act(h, glu)  # [k, f]
+    y = (a[:, None, :] * w_out.qweight[e].float()).sum(-1) * w_out.scales[e].float()  # [k, ℓ]
+    return (y * weights[0][:, None].float()).sum(0, keepdim=True).to(z.dtype)  # [1, ℓ]
 
 
 @torch.library.custom_op("longmoe::quantized_experts", mutates_args=())

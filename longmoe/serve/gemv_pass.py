@@ -1,4 +1,4 @@
-"""An inductor graph pass for the compiled batch-1 decode step: one-row fp32 matmuls as fused reductions.
+"""An inductor graph pass for the compiled batch-1 decode step: one-row matmuls as fused reductions.
 
 A batch-1 decode step's dense linears are matrix-vector products (``[1, d_in] @ W^T``): pure weight
 reads, so their speed is memory bandwidth. Inductor hands ``mm``/``addmm`` to the BLAS library, whose
@@ -8,10 +8,17 @@ weights), while llama.cpp's f32 decode scales with the second thread. Written as
 vectorized along the weight's contiguous input axis and split across threads: 14 GB/s at 1 thread,
 31 GB/s at 2 on the same weights (docs/benchmarks.md, CPU serving).
 
+The same holds for int8 weights (``--quantize int8``): PyTorch's ``_weight_int8pack_mm`` runs 8 GB/s of
+int8 at 1 thread and 13.5 at 2 on the 0.3B model's shapes, while ``(x * q).sum(-1) * scale`` as an
+inductor reduction (the int8 → fp32 conversion in registers) runs 15 and 26.
+
 The pass rewrites only what it can prove: an ``mm``/``addmm`` (default scalars) whose left operand has a
-static first dim of 1, fp32, on CPU. Batched graphs (symbolic ``B``), other dtypes and the packed int8
-kernels are left to their libraries. The sum reorders fp32 additions, so results match BLAS to rounding,
-not bit for bit (tested to 1e-5 relative).
+static first dim of 1, fp32, on CPU; a ``_weight_int8pack_mm`` whose activation has a static first dim
+of 1, on CPU. Batched graphs (symbolic ``B``), other dtypes and the int4 kernel are left to their
+libraries. The sum reorders fp32 additions, so results match BLAS to rounding, not bit for bit (tested to
+1e-5 relative); the int8 form accumulates in fp32 and rounds once to the kernel's output dtype.
+(The routed experts are custom ops the pass cannot see into; ``ops/moe/reduce.py`` gives them the same
+form while the step is traced.)
 """
 
 from __future__ import annotations
@@ -46,12 +53,47 @@ def _call(graph: torch.fx.Graph, op, args: tuple, mode) -> torch.fx.Node:
     return node
 
 
+def _is_one_row_int8(x: object, q: object, s: object) -> bool:
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in (x, q, s)]
+    if not all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals):
+        return False
+    xv, qv, sv = vals
+    one_row = xv.dim() == 2 and isinstance(xv.shape[0], int) and xv.shape[0] == 1
+    return one_row and xv.is_floating_point() and qv.dim() == 2 and qv.dtype == torch.int8 and sv.dim() == 1
+
+
+def _int8_reduction(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node | None:
+    """``_weight_int8pack_mm(x [1, K], q [N, K], s [N])`` -> ``(x.float()[:, None] * q.float()[None])
+    .sum(-1) * s.float()`` ``[1, N]`` in x's dtype, or None when the node is not one-row int8 on CPU."""
+    x, q, s = node.args
+    if not _is_one_row_int8(x, q, s):
+        return None
+    mode, f32 = x.meta["val"].fake_mode, torch.float32
+    convert = torch.ops.prims.convert_element_type.default
+    with graph.inserting_before(node):
+        xf = _call(graph, convert, (x, f32), mode)  # [1, K]
+        qf = _call(graph, convert, (q, f32), mode)  # [N, K]
+        sf = _call(graph, convert, (s, f32), mode)  # [N]
+        xs = _call(graph, aten.unsqueeze.default, (xf, 1), mode)  # [1, 1, K]
+        qs = _call(graph, aten.unsqueeze.default, (qf, 0), mode)  # [1, N, K]
+        dot = _call(graph, aten.sum.dim_IntList, (_call(graph, aten.mul.Tensor, (xs, qs), mode), [2]), mode)
+        out = _call(graph, aten.mul.Tensor, (dot, sf), mode)  # [1, N]
+        return _call(graph, convert, (out, x.meta["val"].dtype), mode)
+
+
 class OneRowGemv(CustomGraphPass):
-    """``mm(x [1, K], w [K, N])`` -> ``sum(x[:, :, None] * w[None], 1)`` ``[1, N]``; addmm adds its bias."""
+    """``mm(x [1, K], w [K, N])`` -> ``sum(x[:, :, None] * w[None], 1)`` ``[1, N]``; addmm adds its bias;
+    ``_weight_int8pack_mm`` of one row -> the int8 reduction (``_int8_reduction``)."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         for node in list(graph.nodes):
             if node.op != "call_function" or node.kwargs:  # addmm with beta/alpha: left alone
+                continue
+            if node.target is aten._weight_int8pack_mm.default:
+                out = _int8_reduction(graph, node)
+                if out is not None:
+                    node.replace_all_uses_with(out)
+                    graph.erase_node(node)
                 continue
             if node.target is aten.mm.default:
                 bias, (x, w) = None, node.args

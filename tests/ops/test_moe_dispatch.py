@@ -15,6 +15,8 @@ from longmoe.ops.moe import (
     dense_reference,
     dispatch_experts,
     gather_experts,
+    gathered_reduction,
+    one_token_compiled,
     route,
 )
 from longmoe.ops.moe.dispatch import MAX_TIERS
@@ -173,6 +175,50 @@ def test_decode_experts_compile_as_one_node():
                          backend="aot_eager", fullgraph=True)  # fmt: skip
     ref = dense_reference(z, idx, w, w_in, w_out) + 1
     torch.testing.assert_close(step(z, idx, w), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("glu", ["swiglu", "geglu"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gathered_reduction_matches_dense_reference_and_reads_only_chosen_experts(glu, seed):
+    """The one-token reduction form (what a compiled CPU step traces) equals the dense reference, with
+    every idle expert's weights NaN (so an idle expert read would show)."""
+    z, idx, w, w_in, w_out = _problem(N=1, E=12, k=3, l=16, f=8, seed=seed)
+    ref = dense_reference(z, idx, w, w_in, w_out, glu)
+    idle = torch.ones(12, dtype=torch.bool)
+    idle[idx[0]] = False
+    w_in[idle], w_out[idle] = float("nan"), float("nan")
+    torch.testing.assert_close(gathered_reduction(z, idx, w, w_in, w_out, glu), ref, atol=1e-5, rtol=1e-5)
+
+
+def _traced_graph_code(fn, *args) -> str:
+    """The code of the graph dynamo hands its backend for ``fn(*args)``, run once."""
+    codes = []
+
+    def backend(gm, _inputs):
+        codes.append(gm.code)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return "\n".join(codes)
+
+
+@pytest.mark.parametrize("N", [1, 2])
+def test_compiled_moe_layer_traces_reductions_for_one_token_and_the_op_for_more(N):
+    """A compiled step of one fp32 token on CPU traces the MoE experts as reductions (no custom op); a
+    step of two keeps ``decode_experts``. Eager never takes the reduction form."""
+    from longmoe.config import FFNConfig
+    from longmoe.layers.moe import MoELayer
+
+    torch.manual_seed(0)
+    layer = MoELayer(16, FFNConfig(kind="moe", n_experts=8, top_k=2, expert_hidden=8)).eval()
+    layer.static_shapes = True  # as LongMoE.set_static_shapes makes it for a compiled step
+    x = torch.randn(N, 1, 16)
+    with torch.no_grad():
+        code = _traced_graph_code(layer, x)
+        torch.testing.assert_close(torch.compile(layer, backend="eager")(x), layer(x), atol=1e-5, rtol=1e-5)
+    assert ("decode_experts" in code) == (N > 1)
+    assert not one_token_compiled(torch.randn(1, 16))  # not while tracing
 
 
 def test_moe_layer_takes_the_decode_path_only_without_autograd(monkeypatch):

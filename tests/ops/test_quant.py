@@ -15,6 +15,7 @@ from longmoe.ops.quant import (
     dequantize_int4,
     dequantize_int8,
     int4_group,
+    int8_gathered_reduction,
     quantize_int4,
     quantize_int8,
     quantize_weight,
@@ -165,13 +166,35 @@ def test_quantized_experts_match_dense_reference(mode, N):
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_quantized_experts_compile_as_one_node(mode):
-    """The packed experts are a custom op: torch.compile(fullgraph=True) traces a step through them."""
+@pytest.mark.parametrize("N", [1, 2])
+def test_quantized_experts_compile_without_a_graph_break(mode, N):
+    """torch.compile(fullgraph=True) traces a step through the packed experts: a custom op, or for one
+    int8 token on CPU the int8 reductions (``int8_gathered_reduction``), with the op's values."""
     g = torch.Generator().manual_seed(4)
     E, l, f = 4, 64, 32
     qi = quantize_weight(torch.randn(E, 2 * f, l, generator=g), mode, compute_dtype=torch.float32)
     qo = quantize_weight(torch.randn(E, l, f, generator=g), mode, compute_dtype=torch.float32)
-    z, idx, w = torch.randn(1, l, generator=g), torch.tensor([[2, 0]]), torch.rand(1, 2, generator=g)
+    z, w = torch.randn(N, l, generator=g), torch.rand(N, 2, generator=g)
+    idx = torch.tensor([[2, 0], [1, 2]])[:N]
     step = torch.compile(lambda z, idx, w: quantized_experts(z, idx, w, qi, qo) * 2,
                          backend="aot_eager", fullgraph=True)  # fmt: skip
-    torch.testing.assert_close(step(z, idx, w), quantized_experts(z, idx, w, qi, qo) * 2)
+    ref = quantized_experts(z, idx, w, qi, qo) * 2
+    torch.testing.assert_close(step(z, idx, w), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_int8_gathered_reduction_matches_the_packed_kernel_and_reads_only_chosen_experts(seed):
+    """The one-token int8 reduction equals the packed-kernel experts (both fp32 compute), with the idle
+    experts' int8 rows and scales poisoned (a read of one would show as NaN or a large error)."""
+    g = torch.Generator().manual_seed(seed)
+    E, l, f = 6, 64, 32
+    qi = quantize_weight(torch.randn(E, 2 * f, l, generator=g), "int8", compute_dtype=torch.float32)
+    qo = quantize_weight(torch.randn(E, l, f, generator=g), "int8", compute_dtype=torch.float32)
+    z, idx, w = torch.randn(1, l, generator=g), torch.tensor([[4, 1]]), torch.rand(1, 2, generator=g)
+    ref = quantized_experts(z, idx, w, qi, qo)
+    idle = torch.tensor([0, 2, 3, 5])
+    for q in (qi, qo):
+        q.qweight[idle] = 127
+        q.scales[idle] = float("nan")
+    out = int8_gathered_reduction(z, idx, w, qi, qo, "swiglu")
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
