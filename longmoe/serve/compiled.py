@@ -8,8 +8,9 @@ mode ``"reduce-overhead"``). What makes that possible without graph breaks or a 
   position and attends over the whole reserved buffer with a mask (no host read of the lengths),
   routing has no data-dependent branch, and decode-sized MoE batches run their chosen experts in one
   custom op (``ops/moe/decode.py``, ``ops/quant.py`` for packed experts), opaque to dynamo;
-- on CPU a graph pass (``gemv_pass.py``) turns the ``B == 1`` graph's fp32 matrix-vector products into
-  inductor reductions that use every thread (BLAS's one-row kernel uses one);
+- on CPU a graph pass (``gemv_pass.py``) turns the ``B == 1`` graph's fp32 and int8 matrix-vector
+  products into inductor reductions that use every thread (BLAS's one-row kernel uses one), and the
+  ``B == 1`` step traces its routed experts as the same kind of reduction (``ops/moe/reduce.py``);
 - before every call ``Cache.reserve`` sets the latent capacity to a bucket (``capacity_bucket``), and the
   capacity (and, for ``B >= 2``, the batch) is marked symbolic *before* the first compile, so a
   growing context or a changing batch never compiles again: exactly two decode graphs, ``B == 1``
