@@ -32,16 +32,15 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 aten = torch.ops.aten
 
 
-def _fp32_cpu_matrix(a: object) -> torch.Tensor | None:
-    """The fake value of an fp32 CPU matrix node, else None."""
+def _val(a: object) -> torch.Tensor | None:
+    """The fake value of a CPU tensor node, else None."""
     val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-    ok = isinstance(val, torch.Tensor) and val.dim() == 2 and val.dtype == torch.float32
-    return val if ok and val.device.type == "cpu" else None
+    return val if isinstance(val, torch.Tensor) and val.device.type == "cpu" else None
 
 
-def _is_one_row_fp32(x: object, w: object) -> bool:
-    xv, wv = _fp32_cpu_matrix(x), _fp32_cpu_matrix(w)
-    return xv is not None and wv is not None and isinstance(xv.shape[0], int) and xv.shape[0] == 1
+def _one_row(v: torch.Tensor) -> bool:
+    """A matrix with a static first dim of 1 (a symbolic batch is not one row)."""
+    return v.dim() == 2 and isinstance(v.shape[0], int) and v.shape[0] == 1
 
 
 def _call(graph: torch.fx.Graph, op, args: tuple, mode) -> torch.fx.Node:
@@ -53,22 +52,34 @@ def _call(graph: torch.fx.Graph, op, args: tuple, mode) -> torch.fx.Node:
     return node
 
 
-def _is_one_row_int8(x: object, q: object, s: object) -> bool:
-    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in (x, q, s)]
-    if not all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals):
-        return False
-    xv, qv, sv = vals
-    one_row = xv.dim() == 2 and isinstance(xv.shape[0], int) and xv.shape[0] == 1
-    return one_row and xv.is_floating_point() and qv.dim() == 2 and qv.dtype == torch.int8 and sv.dim() == 1
+def _fp32_reduction(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node | None:
+    """``mm(x [1, K], w [K, N])`` -> ``sum(x[:, :, None] * w[None], 1)`` ``[1, N]`` (``addmm`` adds its
+    bias), or None when the node is not a one-row fp32 product on CPU."""
+    bias, (x, w) = (None, node.args) if node.target is aten.mm.default else (node.args[0], node.args[1:])
+    xv, wv = _val(x), _val(w)
+    fp32 = xv is not None and wv is not None and xv.dtype == wv.dtype == torch.float32
+    if not (fp32 and wv.dim() == 2 and _one_row(xv)):
+        return None
+    mode = xv.fake_mode
+    with graph.inserting_before(node):
+        xs = _call(graph, aten.unsqueeze.default, (x, 2), mode)  # [1, K, 1]
+        ws = _call(graph, aten.unsqueeze.default, (w, 0), mode)  # [1, K, N]
+        prod = _call(graph, aten.mul.Tensor, (xs, ws), mode)  # [1, K, N]
+        out = _call(graph, aten.sum.dim_IntList, (prod, [1]), mode)  # [1, N]
+        return out if bias is None else _call(graph, aten.add.Tensor, (out, bias), mode)
 
 
 def _int8_reduction(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node | None:
     """``_weight_int8pack_mm(x [1, K], q [N, K], s [N])`` -> ``(x.float()[:, None] * q.float()[None])
     .sum(-1) * s.float()`` ``[1, N]`` in x's dtype, or None when the node is not one-row int8 on CPU."""
     x, q, s = node.args
-    if not _is_one_row_int8(x, q, s):
+    xv, qv, sv = _val(x), _val(q), _val(s)
+    if xv is None or qv is None or sv is None:
         return None
-    mode, f32 = x.meta["val"].fake_mode, torch.float32
+    int8 = qv.dim() == 2 and qv.dtype == torch.int8 and sv.dim() == 1
+    if not (int8 and xv.is_floating_point() and _one_row(xv)):
+        return None
+    mode, f32 = xv.fake_mode, torch.float32
     convert = torch.ops.prims.convert_element_type.default
     with graph.inserting_before(node):
         xf = _call(graph, convert, (x, f32), mode)  # [1, K]
@@ -78,41 +89,29 @@ def _int8_reduction(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node
         qs = _call(graph, aten.unsqueeze.default, (qf, 0), mode)  # [1, N, K]
         dot = _call(graph, aten.sum.dim_IntList, (_call(graph, aten.mul.Tensor, (xs, qs), mode), [2]), mode)
         out = _call(graph, aten.mul.Tensor, (dot, sf), mode)  # [1, N]
-        return _call(graph, convert, (out, x.meta["val"].dtype), mode)
+        return _call(graph, convert, (out, xv.dtype), mode)
+
+
+_REWRITES = {
+    aten.mm.default: _fp32_reduction,
+    aten.addmm.default: _fp32_reduction,
+    aten._weight_int8pack_mm.default: _int8_reduction,
+}
 
 
 class OneRowGemv(CustomGraphPass):
-    """``mm(x [1, K], w [K, N])`` -> ``sum(x[:, :, None] * w[None], 1)`` ``[1, N]``; addmm adds its bias;
-    ``_weight_int8pack_mm`` of one row -> the int8 reduction (``_int8_reduction``)."""
+    """One-row ``mm``/``addmm`` (fp32) and ``_weight_int8pack_mm`` nodes -> mul-sum reductions
+    (``_fp32_reduction``, ``_int8_reduction``); every other node is left as it is."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         for node in list(graph.nodes):
-            if node.op != "call_function" or node.kwargs:  # addmm with beta/alpha: left alone
+            rewrite = _REWRITES.get(node.target) if node.op == "call_function" else None
+            if rewrite is None or node.kwargs:  # addmm with beta/alpha: left alone
                 continue
-            if node.target is aten._weight_int8pack_mm.default:
-                out = _int8_reduction(graph, node)
-                if out is not None:
-                    node.replace_all_uses_with(out)
-                    graph.erase_node(node)
-                continue
-            if node.target is aten.mm.default:
-                bias, (x, w) = None, node.args
-            elif node.target is aten.addmm.default:
-                bias, x, w = node.args
-            else:
-                continue
-            if not _is_one_row_fp32(x, w):
-                continue
-            mode = x.meta["val"].fake_mode
-            with graph.inserting_before(node):
-                xs = _call(graph, aten.unsqueeze.default, (x, 2), mode)  # [1, K, 1]
-                ws = _call(graph, aten.unsqueeze.default, (w, 0), mode)  # [1, K, N]
-                prod = _call(graph, aten.mul.Tensor, (xs, ws), mode)  # [1, K, N]
-                out = _call(graph, aten.sum.dim_IntList, (prod, [1]), mode)  # [1, N]
-                if bias is not None:
-                    out = _call(graph, aten.add.Tensor, (out, bias), mode)
-            node.replace_all_uses_with(out)
-            graph.erase_node(node)
+            out = rewrite(graph, node)
+            if out is not None:
+                node.replace_all_uses_with(out)
+                graph.erase_node(node)
         graph.lint()
 
     def uuid(self) -> bytes:
