@@ -76,7 +76,7 @@ class KDALayer(nn.Module):
         self.conv_size, self.chunk_size = cfg.kda_conv_size, cfg.kda_chunk_size
         self.gate_kind, self.g_min, self.eps = cfg.kda_gate, cfg.g_min, cfg.norm_eps
         self.l2_eps = cfg.kda_l2_eps
-        self.intra = "logspace" if self.gate_kind == "kimi" else "factorised"  # the op's in-chunk path
+        self.intra = "subchunk" if self.gate_kind == "kimi" else "factorised"  # the op's in-chunk path
         self.qkv_dim = 3 * H * K
         og = cfg.kda_out_gate_rank or H * self.V
         self.splits = (self.qkv_dim, H, self.r, og)  # q|k|v, β, gate rank, output gate (or its rank)

@@ -4,10 +4,10 @@ chunk-to-chunk state update in a Python loop. It computes what ``naive.kda_recur
 
 The factorised form ``(Q⊙e^Γ)(K⊙e^{−Γ})ᵀ`` is only finite when the cumulative in-chunk log-decay ``Γ``
 stays above ≈ −88 (fp32/bf16): ``ops.gates.bounded_decay`` guarantees that for ``C = 16``. For unbounded
-gates (``ops.gates.kimi_decay``) ``intra="logspace"`` forms the same in-chunk products from pairwise
-decays ``e^{Γ_i − Γ_j} = e^{Σ_{j<t≤i} g_t}`` (``j ≤ i``, so every exponent is ≤ 0, and each is summed
-directly rather than as a difference of prefix sums): exact at any gate value, at the cost of a
-``[C, C, K]`` elementwise product per chunk instead of one GEMM. See docs/kda.md for the derivation.
+gates (``ops.gates.kimi_decay``) ``intra="subchunk"`` (the layers' choice) and ``intra="logspace"`` form
+the same in-chunk products from decays ``e^{Σ_{j<t≤i} g_t}`` summed directly, every exponent ≤ 0
+(``ops/kda/intra.py``): exact at any gate value, at the cost of elementwise work per chunk besides the
+GEMM. See docs/kda.md for the derivation.
 """
 
 from __future__ import annotations
@@ -16,38 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from longmoe.ops.kda.checks import check_inputs, check_state, compute_dtype, resolve_scale
+from longmoe.ops.kda.intra import intra_logspace, intra_subchunk
 
 DEFAULT_CHUNK_SIZE = 16
-INTRA_MODES = ("factorised", "logspace")
-_LOGSPACE_SLAB = 1 << 24  # elements of the [n, G, C, C, K] pairwise decays formed at once (64 MB fp32)
-
-
-def _intra_logspace(kq: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """``[K | Q] ⊙ e^Γ (K ⊙ e^{−Γ})ᵀ`` on and below the diagonal without forming ``e^{−Γ}``.
-
-    ``kq``: ``[N, G, 2, C, K]`` (K rows then Q rows), ``g``: ``[N, G, C, K]`` per-token log-decays. Entry
-    ``(i, j)`` is ``Σ_c X_i[c] K_j[c] e^{Γ_i[c] − Γ_j[c]}`` for ``j ≤ i`` and 0 above the diagonal, so no
-    exponent is positive. ``Γ_i − Γ_j`` is summed directly as ``Σ_{j<t≤i} g_t`` (a masked cumulative sum),
-    not subtracted from the chunk's prefix sums: an unbounded gate puts prefix sums at −10⁴ and beyond,
-    where an fp32 difference loses the small decays after them (10⁻⁴ output errors, measured).
-    Returns ``[N, G, 2C, C]`` like the factorised product, built in slabs of chunks so the ``[C, C, K]``
-    decays stay within ``_LOGSPACE_SLAB`` elements.
-    """
-    N, G, _, C, K = kq.shape
-    ones = torch.ones(C, C, dtype=torch.bool, device=kq.device)
-    after = torch.triu(ones, diagonal=1)[..., None]  # [C(j), C(t), 1]  t > j: g_t counts from j on
-    above = torch.tril(ones, diagonal=-1)[..., None]  # [C(j), C(i), 1]  i < j: above the diagonal
-    step = max(1, _LOGSPACE_SLAB // max(1, G * C * C * K))
-    out = []
-    for n0 in range(0, N, step):
-        gs = g[n0 : n0 + step].unsqueeze(-3)  # [n, G, 1, C(t), K]
-        span = torch.where(after, gs, 0.0).cumsum(-2)  # [n, G, C(j), C(i), K]  Σ_{j<t≤i} g_t
-        decay = span.masked_fill(above, float("-inf")).exp().transpose(-2, -3)  # [n, G, C(i), C(j), K]
-        x = kq[n0 : n0 + step]  # [n, G, 2, C, K]
-        kj = x[:, :, 0].unsqueeze(-3)  # [n, G, 1, C, K]  key j
-        prod = (x.unsqueeze(-2) * (decay.unsqueeze(2) * kj.unsqueeze(2))).sum(-1)  # [n, G, 2, C, C]
-        out.append(prod.flatten(2, 3))
-    return torch.cat(out)  # [N, G, 2C, C]
+INTRA_MODES = ("factorised", "logspace", "subchunk")
 
 
 def _chunk_layout(cu_seqlens: torch.Tensor | None, B: int, T: int, C: int, device: torch.device):
@@ -125,7 +97,8 @@ def kda_chunk(
     """Chunked KDA: the same result as ``kda_recurrent`` with all intra-chunk work as batched GEMMs.
 
     ``intra``: ``"factorised"`` (GEMMs; needs the in-chunk log-decay sum above ≈ −88, which the bounded
-    gate guarantees) or ``"logspace"`` (pairwise decays, exact for any gate; see the module docstring).
+    gate guarantees), or, exact for any gate, ``"subchunk"`` (GEMMs between 4-token sub-chunks, log space
+    on the diagonal blocks) or ``"logspace"`` (every pair in log space); see ``ops/kda/intra.py``.
 
     ``q, k, g``: ``[B, T, H, K]``; ``v``: ``[B, T, H, V]``; ``beta``: ``[B, T, H]``. With ``cu_seqlens``
     (``[N+1]`` LongTensor of document offsets, ``B == 1``) the state resets at every document boundary
@@ -194,7 +167,7 @@ def kda_chunk(
         inter = kq_pos.view(N, G, 2 * C, K) @ k_neg.transpose(-1, -2)  # [N, G, 2C, C]
         k_dec = k_neg * d_last.transpose(-1, -2)  # [N, G, C, K]  K⊙e^{Γ_C−Γ}
     else:
-        inter = _intra_logspace(kq, gc)  # [N, G, 2C, C]
+        inter = (intra_logspace if intra == "logspace" else intra_subchunk)(kq, gc)  # [N, G, 2C, C]
         # Γ_C − Γ_j = Σ_{t>j} g_t as a suffix sum (no difference of large prefix sums), exponents ≤ 0
         after = F.pad(gc[..., 1:, :], (0, 0, 0, 1)).flip(-2).cumsum(-2).flip(-2)  # [N, G, C, K]
         k_dec = kq[:, :, 0] * after.exp()  # [N, G, C, K]  K⊙e^{Γ_C−Γ}
