@@ -132,7 +132,8 @@ class LongMoE(nn.Module):
         return Cache(layers, torch.zeros(batch_size, dtype=torch.long, device=device))
 
     def set_mla_decode(self, path: str) -> None:
-        """How MLA layers attend against a cache: ``"absorbed"`` (default) or ``"naive"``."""
+        """How MLA layers attend against a cache: ``"auto"`` (default: by cost per call, see
+        ``MLALayer.cached_path``), ``"absorbed"`` or ``"naive"``."""
         if path not in DECODE_PATHS:
             raise ValueError(f"path: expected one of {DECODE_PATHS}, got {path!r}")
         for b in self.blocks:

@@ -27,9 +27,9 @@ from torch import nn
 from longmoe.cache import MLAState, Packing
 from longmoe.config import ModelConfig
 from longmoe.layers.norm import RMSNorm
-from longmoe.ops.attention import packed_causal_attention
+from longmoe.ops.attention import causal_after_prefix, packed_causal_attention
 
-DECODE_PATHS = ("absorbed", "naive")
+DECODE_PATHS = ("auto", "absorbed", "naive")
 FOLD_MAX_QUERIES = 256  # absorbed attention: heads·tokens up to which heads fold into one query axis
 
 
@@ -52,7 +52,7 @@ class MLALayer(nn.Module):
         self.kv_up = nn.Linear(self.d_c, H * (self.Dq + self.Dv), bias=False)  # W_uk (all heads) | W_uv
         self.o_proj = nn.Linear(H * self.Dv, d, bias=False)
         self.scale = self.Dk**-0.5
-        self.decode_path = "absorbed"  # how a call with a cache attends: "absorbed" or "naive"
+        self.decode_path = "auto"  # how a call with a cache attends: "auto" (by cost), "absorbed" or "naive"
         # static shapes (torch.compile'd steps): attend over the whole latent buffer with a per-row mask
         # instead of slicing it to the longest row; the caller reserves the capacity (Cache.reserve)
         self.static_shapes = False
@@ -99,11 +99,14 @@ class MLALayer(nn.Module):
         else:
             append = self._append_static if self.static_shapes else self._append
             ctx, mask = append(state, c, seq_lens)  # [B, S, d_c + d_r], [B, 1, T, S] or None
-            path = self.decode_path
+            path = self.cached_path(T)
         if path == "naive":
             k, v = self.expand_kv(ctx)  # [B, H, S, Dk], [B, H, S, Dv]
             if state is None and packing is not None:  # per document, no [T, T] mask (ops/)
                 o = packed_causal_attention(q, k, v, packing.cu_seqlens, scale=self.scale)
+            elif mask is not None and mask.shape[0] == 1 and not self.static_shapes:
+                # every row continues after the same prefix (_append's aligned case): no mask needed
+                o = causal_after_prefix(q, k, v, ctx.shape[1] - T, scale=self.scale)
             else:
                 o = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale
@@ -113,6 +116,17 @@ class MLALayer(nn.Module):
         else:
             raise ValueError(f"decode_path: expected one of {DECODE_PATHS}, got {path!r}")
         return self.output(o, gate)
+
+    def cached_path(self, T: int) -> str:
+        """How a call of ``T`` new tokens attends against a cache. Per cache row, the absorbed path
+        attends at ``2(d_c + d_r)`` multiply-adds per query and head; the naive path first expands the
+        row to per-head keys and values (``d_c(Dq + Dv)`` per head, once per call) and then attends at
+        ``Dk + Dv``. So decode-sized calls absorb and long prefill chunks expand (at the 0.3B benchmark
+        model's shapes from ``T`` ≈ 205 on; a 2,048-token chunk does half the absorbed work)."""
+        if self.decode_path != "auto":
+            return self.decode_path
+        naive = self.d_c * (self.Dq + self.Dv) + T * (self.Dk + self.Dv)
+        return "naive" if naive < 2 * T * (self.d_c + self.d_r) else "absorbed"
 
     def _attend_absorbed(self, q: torch.Tensor, ctx: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attend ``q [B, H, T, Dk]`` directly against the cache rows ``ctx [B, S, d_c + d_r]`` (mask

@@ -44,9 +44,10 @@ def test_param_count_formula_matches_module():
 
 
 @pytest.mark.parametrize("split", [1, 4, 11])
-@pytest.mark.parametrize("path", ["naive", "absorbed"])
+@pytest.mark.parametrize("path", ["naive", "absorbed", "auto"])
 def test_cached_paths_equal_full_forward(split, path):
-    """Naive and absorbed attention over the latent cache both reproduce the uncached causal forward."""
+    """Naive, absorbed and cost-chosen attention over the latent cache all reproduce the uncached
+    causal forward."""
     m = layer()
     x = torch.randn(2, 23, 32)
     with torch.no_grad():
@@ -54,6 +55,19 @@ def test_cached_paths_equal_full_forward(split, path):
         out, st = run_cached(m, x, split, path)
     assert (out - full).abs().max() < TOL
     assert st.buf.shape[1] >= 23 and st.buf.shape[2] == 8  # only d_c numbers per cached token
+
+
+def test_auto_path_absorbs_decode_and_expands_long_chunks():
+    """The cost rule: absorbed while few queries share the expansion of the cache rows, naive once a
+    chunk is long enough that the per-pair saving pays for expanding every row to per-head K and V."""
+    m = layer()  # d_c 8 against Dk + Dv = 22: a latent pair (2·8) is cheaper at any T
+    assert m.cached_path(1) == m.cached_path(4096) == "absorbed"
+    big = MLALayer(small_cfg("M", mla_heads=2, mla_kv_lora_rank=256, mla_head_dim=128, mla_v_head_dim=128,
+                             mla_shared_key_dim=64))  # fmt: skip  # the 0.3B benchmark model's MLA shapes
+    assert big.cached_path(1) == big.cached_path(128) == "absorbed"
+    assert big.cached_path(256) == big.cached_path(2048) == "naive"
+    big.decode_path = "absorbed"
+    assert big.cached_path(2048) == "absorbed"  # a forced path is kept
 
 
 def test_absorbed_equals_naive_decode():

@@ -7,8 +7,9 @@ direct sum of log-decays, never a difference of prefix sums: an unbounded gate p
 and beyond, where an fp32 difference loses the small decays after them (10⁻⁴ output errors, measured).
 
 - ``intra_logspace``: every pair through a ``[C, C, K]`` elementwise product (the simple exact form);
-- ``intra_subchunk``: the chunk cut into sub-chunks of ``S`` tokens (fla's secondary chunking): pairs in
-  different sub-chunks as one GEMM, log space only on the ``C/S`` diagonal ``[S, S, K]`` blocks.
+- ``intra_subchunk``: the chunk halved, and halved again, down to sub-chunks of ``S`` tokens (secondary
+  chunking, as fla does it for its 64-token chunks, taken to every level): pairs in different halves
+  as GEMMs, log space only on the diagonal ``[S, S, K]`` blocks (none at ``S = 1``, the default).
 """
 
 from __future__ import annotations
