@@ -15,6 +15,7 @@ writes them over the ``<|image_patch|>`` token embeddings, and the shared stack 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ from longmoe.layers.mla import DECODE_PATHS, MLALayer
 from longmoe.layers.mlp import GLUMLP
 from longmoe.layers.moe import MoELayer
 from longmoe.layers.norm import RMSNorm
+from longmoe.layers.shapes import dynamic_shapes, shape_static
 from longmoe.layers.vision import Patches, VisionEncoder
 
 CONFIG_FILE = "config.json"
@@ -140,6 +142,12 @@ class LongMoE(nn.Module):
             if isinstance(b.mixer, MLALayer):
                 b.mixer.decode_path = path
 
+    @staticmethod
+    def dynamic_shapes() -> contextlib.AbstractContextManager[None]:
+        """Calls inside this block (in this thread) take the eager, length-dependent paths even on a
+        shape-static model: a compiled engine's eager prefill (``layers/shapes.py``)."""
+        return dynamic_shapes()
+
     def set_static_shapes(self, on: bool = True) -> None:
         """Shape-static cached calls for ``torch.compile`` (same results): MLA attends over the reserved
         latent capacity with a mask (the caller runs ``cache.reserve(T)`` first), MoE routes without
@@ -174,7 +182,7 @@ class LongMoE(nn.Module):
                     "image_embeds: this model has no vision encoder (config field 'vision' is null)"
                 )
             return h
-        if image_embeds is None and self.static_shapes:  # a compiled decode step: no data-dependent
+        if image_embeds is None and shape_static(self):  # a compiled decode step: no data-dependent
             return h  # check (images are only ever in prompts, and the engine never samples them)
         is_patch = (input_ids == IMAGE_PATCH_TOKEN_ID).flatten()  # [B*T]
         n = int(is_patch.sum())

@@ -27,6 +27,7 @@ from torch import nn
 from longmoe.cache import MLAState, Packing
 from longmoe.config import ModelConfig
 from longmoe.layers.norm import RMSNorm
+from longmoe.layers.shapes import shape_static
 from longmoe.ops.attention import causal_after_prefix, packed_causal_attention
 
 DECODE_PATHS = ("auto", "absorbed", "naive")
@@ -97,14 +98,14 @@ class MLALayer(nn.Module):
             causal = packing is None  # packed documents: block-diagonal causal, see below
             path = "naive"
         else:
-            append = self._append_static if self.static_shapes else self._append
+            append = self._append_static if shape_static(self) else self._append
             ctx, mask = append(state, c, seq_lens)  # [B, S, d_c + d_r], [B, 1, T, S] or None
             path = self.cached_path(T)
         if path == "naive":
             k, v = self.expand_kv(ctx)  # [B, H, S, Dk], [B, H, S, Dv]
             if state is None and packing is not None:  # per document, no [T, T] mask (ops/)
                 o = packed_causal_attention(q, k, v, packing.cu_seqlens, scale=self.scale)
-            elif mask is not None and mask.shape[0] == 1 and not self.static_shapes:
+            elif mask is not None and mask.shape[0] == 1 and not shape_static(self):
                 # every row continues after the same prefix (_append's aligned case): no mask needed
                 o = causal_after_prefix(q, k, v, ctx.shape[1] - T, scale=self.scale)
             else:

@@ -29,6 +29,7 @@ from longmoe.config import FFNConfig
 from longmoe.layers import balance
 from longmoe.layers.mlp import GLUMLP
 from longmoe.layers.quant import QuantExperts
+from longmoe.layers.shapes import shape_static
 from longmoe.ops.moe import (
     DECODE_MAX_PAIRS,
     combine_weights,
@@ -138,7 +139,7 @@ class MoELayer(nn.Module):
                 cfg.routed_scale,
                 cfg.n_group,
                 cfg.topk_group,
-                self.static_shapes,
+                shape_static(self),
             )
         if not aux and torch.is_grad_enabled() and (xf.requires_grad or W_r.requires_grad):
             # only the aux loss needs gradient through all E scores; the combine weights need it
@@ -182,9 +183,10 @@ class MoELayer(nn.Module):
             return gathered_reduction(z, idx, w, w_in, w_out, self.cfg.glu)
         if idx.numel() <= DECODE_MAX_PAIRS and not grad:  # decode: the chosen experts' weights only
             return decode_experts(z, idx, w, w_in, w_out, self.cfg.glu)
-        if self.static_shapes and idx.numel() <= DECODE_MAX_PAIRS:  # the same, with autograd: gathered
+        static = shape_static(self)
+        if static and idx.numel() <= DECODE_MAX_PAIRS:  # the same, with autograd: gathered
             return gather_experts(z, idx, w, w_in, w_out, self.cfg.glu)
-        if self.static_shapes:
+        if static:
             return _dispatch_untraced(z, idx, w, w_in, w_out, self.cfg.glu, self.impl)
         return dispatch_experts(z, idx, w, w_in, w_out, self.cfg.glu, self.impl)
 

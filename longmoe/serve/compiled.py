@@ -152,8 +152,9 @@ class CompiledSteps:
     def __call__(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
         T, B = x.shape[1], x.shape[0]
         cache.reserve(T)
-        if T > 1:
-            return self.model(x, cache=cache, logits_to_keep=1).logits  # prefill: eager (module docstring)
+        if T > 1:  # prefill: eager (module docstring), on the eager layout and paths (layers/shapes.py)
+            with self.model.dynamic_shapes():
+                return self.model(x, cache=cache, logits_to_keep=1).logits
         if not self._warmup_done():  # compiling in the background: the same step eagerly meanwhile
             return _decode_logits(self.model, x, cache)
         with self._lock:
