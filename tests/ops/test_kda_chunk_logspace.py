@@ -214,3 +214,13 @@ def test_subchunk_falls_back_where_the_halving_does_not_fit(C, sub):
     kq = torch.randn(2, 2, 2, C, 4, dtype=torch.float64)
     g = -torch.rand(2, 2, C, 4, dtype=torch.float64) * 30
     assert (intra_subchunk(kq, g, sub) - intra_logspace(kq, g)).abs().max() < 1e-12
+
+
+def test_subchunk_takes_strided_inputs():
+    """Views (as a caller slicing a larger buffer would pass) give the contiguous inputs' products."""
+    kq = torch.randn(2, 2, 2, 16, 6, dtype=torch.float64)
+    g = adversarial_gates(2, 2, 16, 6, seed=5)
+    kq_t = kq.transpose(0, 1).contiguous().transpose(0, 1)  # same values, other strides
+    g_t = g.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert not kq_t.is_contiguous() and not g_t.is_contiguous()
+    assert (intra_subchunk(kq_t, g_t) - intra_logspace(kq, g)).abs().max() < 1e-12

@@ -71,13 +71,15 @@ def intra_subchunk(kq: torch.Tensor, g: torch.Tensor, sub: int = DEFAULT_SUBCHUN
     S = sub
     if S < 1 or C % S or C <= S or (C // S) & (C // S - 1):
         return intra_logspace(kq, g)
+    kq, g = kq.contiguous(), g.contiguous()  # (no-ops for kda_chunk's buffers) the views below split C
     out = kq.new_zeros(N, G, 2, C, C)  # [N, G, 2, C(i), C(j)]
     h = C // 2
     while h >= S:  # blocks of 2h tokens: rows in the second half against keys in the first
         P = C // (2 * h)
         gv = g.view(N, G, P, 2, h, K)
+        # [N, G, 2, P, h, K]: K and Q rows of each block's second half ⊙ e^{L}
         left = kq.view(N, G, 2, P, 2, h, K)[:, :, :, :, 1] * gv[:, :, None, :, 1].cumsum(-2).exp()
-        keys = (
+        keys = (  # [N, G, 1, P, h, K]: keys of each block's first half ⊙ e^{R}
             kq[:, :, 0].reshape(N, G, 1, P, 2, h, K)[:, :, :, :, 0]
             * _suffix_after(gv[:, :, None, :, 0]).exp()
         )
