@@ -8,8 +8,9 @@ Peers, measured in the same run on the same inputs:
 The seeds' bounded-gate claim is measured in the same run: the bounded all-GEMM operator (the rows above,
 ``intra="factorised"``) against the two exact paths an unbounded gate can take, fed Kimi-Linear gates
 (``kimi_decay``) on the same q, k, v, β and shapes: ``intra="logspace"`` (every in-chunk pair in log
-space) and the stronger ``intra="subchunk"`` (fla's secondary chunking: GEMMs between sub-chunks, log
-space only on the diagonal; ``ops/kda/intra.py``). Their ratios are the second table.
+space) and the stronger ``intra="subchunk"`` (secondary chunking as fla does it, taken to every level: the
+chunk halved down to single tokens, GEMMs between the halves; ``ops/kda/intra.py``). Their ratios are the
+second table.
 
 Forward is timed under ``torch.no_grad()`` (the inference path) for every implementation; forward+backward
 with autograd. The roofline is this machine's ``torch.mm`` throughput measured in the same run, and the
@@ -236,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         + markdown_table(header, rows)
         + "\n\nBounded vs unbounded decay, the seeds' claim measured: the bounded gate's all-GEMM chunk "
         '(`intra="factorised"`) against the exact in-chunk paths an unbounded gate needs (Kimi-Linear '
-        'gates): every pair in log space (`intra="logspace"`) and sub-chunks with GEMMs between them, '
-        'log space only on the diagonal (`intra="subchunk"`, the stronger baseline); same q, k, v, β, '
+        'gates): every pair in log space (`intra="logspace"`) and the chunk halved down to single tokens '
+        'with GEMMs between the halves (`intra="subchunk"`, the stronger baseline); same q, k, v, β, '
         "shapes and run; speed-up = unbounded time / bounded time.\n\n"
         + markdown_table(gate_header, gate_rows)
     )

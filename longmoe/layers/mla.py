@@ -93,19 +93,20 @@ class MLALayer(nn.Module):
         B, T, _ = x.shape
         q, c, gate = self.project(x)  # [B, H, T, Dk], [B, T, d_c + d_r], [B, T, H*Dv]
         mask, causal = None, False
+        static = shape_static(self)  # read once: the layout and the attention below must agree
         if state is None:
             ctx = c  # [B, S=T, d_c + d_r]
             causal = packing is None  # packed documents: block-diagonal causal, see below
             path = "naive"
         else:
-            append = self._append_static if shape_static(self) else self._append
+            append = self._append_static if static else self._append
             ctx, mask = append(state, c, seq_lens)  # [B, S, d_c + d_r], [B, 1, T, S] or None
             path = self.cached_path(T)
         if path == "naive":
             k, v = self.expand_kv(ctx)  # [B, H, S, Dk], [B, H, S, Dv]
             if state is None and packing is not None:  # per document, no [T, T] mask (ops/)
                 o = packed_causal_attention(q, k, v, packing.cu_seqlens, scale=self.scale)
-            elif mask is not None and mask.shape[0] == 1 and not shape_static(self):
+            elif mask is not None and mask.shape[0] == 1 and not static:
                 # every row continues after the same prefix (_append's aligned case): no mask needed
                 o = causal_after_prefix(q, k, v, ctx.shape[1] - T, scale=self.scale)
             else:

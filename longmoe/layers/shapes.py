@@ -32,7 +32,10 @@ def dynamic_shapes() -> Iterator[None]:
 
 def shape_static(module: torch.nn.Module) -> bool:
     """Whether ``module`` (an MLA or MoE layer, or the model) runs shape-static in this call. While dynamo
-    traces, the flag alone (the traced step is the decode step; the context variable stays untraced)."""
-    if torch.compiler.is_compiling():
+    traces, the flag alone (the traced step is the decode step, and dynamo cannot trace a context
+    variable). ``is_dynamo_compiling`` is folded to True in the traced code and is False in eager code
+    whatever another thread compiles; ``torch.compiler.is_compiling`` is a process-wide flag, held for a
+    whole compile, and would send a concurrent eager prefill back to the static layout."""
+    if torch.compiler.is_dynamo_compiling():
         return module.static_shapes
     return module.static_shapes and not _SUSPENDED.get()

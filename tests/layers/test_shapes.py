@@ -62,3 +62,24 @@ def test_a_shape_static_model_prefills_on_the_eager_paths_with_the_same_logits(m
     mla_layers = sum(isinstance(b.mixer, mla_mod.MLALayer) for b in model.blocks)
     assert mla_layers and sorted(calls) == sorted([0, 16, 32] * mla_layers)  # only the dynamic pass
     torch.testing.assert_close(out["dynamic"], out["static"], atol=1e-5, rtol=1e-5)
+
+
+def test_another_threads_compile_does_not_restore_the_static_layout(monkeypatch):
+    """``torch.compiler.is_compiling`` is a process-wide flag that dynamo holds for a whole compile (the
+    warm-up thread's): with it set, an eager prefill inside ``dynamic_shapes`` still sees the flag off."""
+    m = Flagged()
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    assert torch.compiler.is_compiling()
+    with dynamic_shapes():
+        assert not shape_static(m)
+
+
+def test_a_traced_step_sees_the_flag_without_a_graph_break():
+    """Dynamo folds the check: a ``fullgraph`` compile of code that asks succeeds, and sees the flag."""
+    m = Flagged()
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def step(x):
+        return x + 1 if shape_static(m) else x - 1
+
+    assert step(torch.zeros(2)).tolist() == [1.0, 1.0]

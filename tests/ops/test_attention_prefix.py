@@ -61,6 +61,19 @@ def test_gradients_go_through_the_reference():
         torch.testing.assert_close(g, x.grad)
 
 
+def test_the_fused_path_runs_without_gradients_on_cpu(monkeypatch):
+    """The equalities above compare the fused path, not the reference with itself."""
+    from longmoe.ops.attention import prefix
+
+    def refuse(*a, **k):
+        raise AssertionError("the reference ran")
+
+    monkeypatch.setattr(prefix, "causal_after_prefix_reference", refuse)
+    q, k, v = qkv(1, 2, 30, 7, 24, 16)
+    with torch.no_grad():
+        assert prefix.causal_after_prefix(q, k, v, 30).shape == (1, 2, 7, 16)
+
+
 def test_key_rows_must_be_prefix_plus_chunk():
     q, k, v = qkv(1, 1, 4, 3, 8, 8)
     with pytest.raises(ValueError, match="prefix"):

@@ -43,12 +43,13 @@ def causal_after_prefix(
         return causal_after_prefix_reference(q, k, v, prefix, scale=scale)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     scale = Dk**-0.5 if scale is None else scale
-    vp = F.pad(v, (0, Dk - Dv))  # [B, H, S, Dk]: zero columns, the kernel's one head width
+    vp = F.pad(v, (0, Dk - Dv)) if Dv < Dk else v  # [B, H, S, Dk]: zero columns, the kernel's one width
     o_new, lse_new = flash(q, k[..., prefix:, :], vp[..., prefix:, :], is_causal=True, scale=scale)
     if prefix == 0:
         return o_new[..., :Dv]
     o_old, lse_old = flash(
         q, k[..., :prefix, :], vp[..., :prefix, :], scale=scale
     )  # [B, H, T, Dk], [B, H, T]
-    w_old = torch.sigmoid(lse_old - lse_new).unsqueeze(-1).to(o_new.dtype)  # softmax mass on the prefix
-    return torch.lerp(o_new, o_old, w_old)[..., :Dv]
+    w_old = torch.sigmoid(lse_old - lse_new).unsqueeze(-1)  # [B, H, T, 1] fp32: softmax mass on the prefix
+    # merged in fp32 (the kernel's outputs are already rounded to q's dtype; a bf16 merge adds a rounding)
+    return torch.lerp(o_new.float(), o_old.float(), w_old)[..., :Dv].to(q.dtype)

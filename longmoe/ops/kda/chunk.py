@@ -97,8 +97,8 @@ def kda_chunk(
     """Chunked KDA: the same result as ``kda_recurrent`` with all intra-chunk work as batched GEMMs.
 
     ``intra``: ``"factorised"`` (GEMMs; needs the in-chunk log-decay sum above ≈ −88, which the bounded
-    gate guarantees), or, exact for any gate, ``"subchunk"`` (GEMMs between 4-token sub-chunks, log space
-    on the diagonal blocks) or ``"logspace"`` (every pair in log space); see ``ops/kda/intra.py``.
+    gate guarantees), or, exact for any gate, ``"subchunk"`` (the chunk halved down to single tokens, GEMMs
+    between the halves, no log space) or ``"logspace"`` (every pair in log space); see ``ops/kda/intra.py``.
 
     ``q, k, g``: ``[B, T, H, K]``; ``v``: ``[B, T, H, V]``; ``beta``: ``[B, T, H]``. With ``cu_seqlens``
     (``[N+1]`` LongTensor of document offsets, ``B == 1``) the state resets at every document boundary

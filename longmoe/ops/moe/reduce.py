@@ -23,10 +23,12 @@ from longmoe.ops.glu import glu_act
 def one_token_compiled(z: torch.Tensor) -> bool:
     """True while dynamo traces a step whose expert input is one fp32 token (a static first dim of 1)
     on CPU: the case the reductions below are measured for (a symbolic batch, other dtypes and other
-    devices keep the custom op)."""
+    devices keep the custom op). ``is_dynamo_compiling``, not the process-wide ``is_compiling`` flag: an
+    eager step in another thread while the warm-up thread compiles keeps the custom op."""
     n = z.shape[0]
     one = isinstance(n, int) and n == 1
-    return torch.compiler.is_compiling() and one and z.device.type == "cpu" and z.dtype == torch.float32
+    cpu_fp32 = z.device.type == "cpu" and z.dtype == torch.float32
+    return torch.compiler.is_dynamo_compiling() and one and cpu_fp32
 
 
 def gathered_reduction(
