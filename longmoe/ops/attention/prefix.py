@@ -47,9 +47,7 @@ def causal_after_prefix(
     o_new, lse_new = flash(q, k[..., prefix:, :], vp[..., prefix:, :], is_causal=True, scale=scale)
     if prefix == 0:
         return o_new[..., :Dv]
-    o_old, lse_old = flash(
-        q, k[..., :prefix, :], vp[..., :prefix, :], scale=scale
-    )  # [B, H, T, Dk], [B, H, T]
+    o_old, lse_old = flash(q, k[..., :prefix, :], vp[..., :prefix, :], scale=scale)  # [B,H,T,Dk], [B,H,T]
     w_old = torch.sigmoid(lse_old - lse_new).unsqueeze(-1)  # [B, H, T, 1] fp32: softmax mass on the prefix
     # merged in fp32 (the kernel's outputs are already rounded to q's dtype; a bf16 merge adds a rounding)
     return torch.lerp(o_new.float(), o_old.float(), w_old)[..., :Dv].to(q.dtype)

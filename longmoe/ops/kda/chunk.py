@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from longmoe.ops.kda.checks import check_inputs, check_state, compute_dtype, resolve_scale
-from longmoe.ops.kda.intra import intra_logspace, intra_subchunk
+from longmoe.ops.kda.intra import intra_logspace, intra_subchunk, suffix_after
 
 DEFAULT_CHUNK_SIZE = 16
 INTRA_MODES = ("factorised", "logspace", "subchunk")
@@ -169,7 +169,7 @@ def kda_chunk(
     else:
         inter = (intra_logspace if intra == "logspace" else intra_subchunk)(kq, gc)  # [N, G, 2C, C]
         # Γ_C − Γ_j = Σ_{t>j} g_t as a suffix sum (no difference of large prefix sums), exponents ≤ 0
-        after = F.pad(gc[..., 1:, :], (0, 0, 0, 1)).flip(-2).cumsum(-2).flip(-2)  # [N, G, C, K]
+        after = suffix_after(gc)  # [N, G, C, K]
         k_dec = kq[:, :, 0] * after.exp()  # [N, G, C, K]  K⊙e^{Γ_C−Γ}
     a_kk = torch.tril(bc * inter[..., :C, :], diagonal=-1)  # [N, G, C, C]  strictly lower: A
     a_qk = torch.tril(inter[..., C:, :])  # [N, G, C, C]  causal incl. diagonal: P

@@ -47,7 +47,7 @@ def intra_logspace(kq: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return torch.cat(out)  # [N, G, 2C, C]
 
 
-def _suffix_after(g: torch.Tensor) -> torch.Tensor:
+def suffix_after(g: torch.Tensor) -> torch.Tensor:
     """``Σ_{t>j} g_t`` along dim −2, each a direct sum (a reversed cumulative sum, not total − prefix)."""
     return F.pad(g[..., 1:, :], (0, 0, 0, 1)).flip(-2).cumsum(-2).flip(-2)
 
@@ -80,8 +80,7 @@ def intra_subchunk(kq: torch.Tensor, g: torch.Tensor, sub: int = DEFAULT_SUBCHUN
         # [N, G, 2, P, h, K]: K and Q rows of each block's second half ⊙ e^{L}
         left = kq.view(N, G, 2, P, 2, h, K)[:, :, :, :, 1] * gv[:, :, None, :, 1].cumsum(-2).exp()
         keys = (  # [N, G, 1, P, h, K]: keys of each block's first half ⊙ e^{R}
-            kq[:, :, 0].reshape(N, G, 1, P, 2, h, K)[:, :, :, :, 0]
-            * _suffix_after(gv[:, :, None, :, 0]).exp()
+            kq[:, :, 0].reshape(N, G, 1, P, 2, h, K)[:, :, :, :, 0] * suffix_after(gv[:, :, None, :, 0]).exp()
         )
         blk = left @ keys.transpose(-1, -2)  # [N, G, 2, P, h(i), h(j)]
         quarter = out.view(N, G, 2, P, 2, h, P, 2, h)[:, :, :, :, 1, :, :, 0].diagonal(dim1=3, dim2=5)
