@@ -37,6 +37,7 @@ bench: $(STAMP)
 bench-cpu: $(STAMP)
 	CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/pip install --quiet -e '.[cpu-peer]'
 	$(BIN)/python -m bench.cpu_serve
+	$(BIN)/python -m bench.gemv
 
 demo: $(STAMP)
 	$(BIN)/python -m longmoe demo

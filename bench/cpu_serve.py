@@ -28,6 +28,7 @@ import json
 import statistics
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -36,6 +37,7 @@ from bench import cpu_peer
 from bench.common import RESULTS, gemm_roofline, markdown_table, write_results
 from bench.cpu_floor import active_bytes, prefill_flops, read_bandwidth, rss_bytes, weight_bytes
 from longmoe.checkpoint import load_model
+from longmoe.runtime import release_freed_memory
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 
@@ -160,6 +162,7 @@ def make_arms(paths: dict, n_ctx: int, threads: int, have_llama: bool) -> tuple[
     specs = [("longmoe fp32", None, False), ("longmoe fp32 --compile", None, True),
              ("longmoe int8", "int8", False), ("longmoe int8 --compile", "int8", True)]  # fmt: skip
     for name, q, comp in specs:
+        release_freed_memory()  # else the parity models' freed pages are reused and the delta reads ~0
         r0, t0 = rss_bytes(), time.perf_counter()
         arm = LongArm(paths["longmoe"], paths["longmoe"], q, comp)
         for n in (16, CHUNK + 16):  # compiles: full and partial prefill chunks, two decode capacities
@@ -169,6 +172,7 @@ def make_arms(paths: dict, n_ctx: int, threads: int, have_llama: bool) -> tuple[
     if have_llama:
         for t in cpu_peer.OUTTYPES:
             name = f"llama.cpp {t}"
+            release_freed_memory()
             r0, t0 = rss_bytes(), time.perf_counter()
             arm = LlamaArm(paths[t], n_ctx, threads)
             arm.prefill(ids_of(16, 0))
@@ -228,22 +232,35 @@ def engine_rows(arms: dict, ctx: int, n: int, batches: list[int], new_tokens: in
     return out
 
 
-def profile(arm: LongArm, ctx: int) -> str:
-    """torch.profiler's top ops of one decode step and one prefill chunk (eager fp32 engine)."""
+def profile(arms: dict, ctx: int, threads: int) -> str:
+    """torch.profiler's top ops: one decode step of the eager fp32 engine and of each compiled one (the
+    steps the decode targets are held against; inductor's graph is one ``Torch-Compiled Region`` row),
+    and one prefill chunk of the eager engine."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
 
-    state = arm.prefill(ids_of(ctx, 5))
+    steps = [("longmoe fp32", "decode step"), ("longmoe fp32 --compile", "decode step"),
+             ("longmoe int8 --compile", "decode step"), ("longmoe fp32", "prefill chunk")]  # fmt: skip
     md = []
-    for what, fn in (
-        ("decode step", lambda: arm.decode(state, 1)),
-        ("prefill chunk", lambda: arm.prefill(ids_of(CHUNK, 6))),
-    ):
-        with prof(activities=[ProfilerActivity.CPU]) as p:
-            fn()
-        top = p.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
-        md.append(f"## {what} (context {ctx})\n\n```\n{top}\n```")
-    return "# bench.cpu_serve --profile\n\n" + "\n\n".join(md) + "\n"
+    for name, what in steps:
+        arm = arms.get(name)
+        if arm is None:
+            continue
+        try:
+            if what == "decode step":
+                state = arm.prefill(ids_of(ctx, 5))
+                arm.decode(state, 1)  # untimed: a first call may still build something
+                run = partial(arm.decode, state, 1)
+            else:
+                run = partial(arm.prefill, ids_of(CHUNK, 6))
+            with prof(activities=[ProfilerActivity.CPU]) as p:
+                run()
+            top = p.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+        except Exception as e:  # a profile must not cost the run its measurements
+            top = f"profile failed: {type(e).__name__}: {e}"
+        md.append(f"## {name}: {what} (context {ctx}, {threads} thread(s))\n\n```\n{top}\n```")
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return f"# bench.cpu_serve --profile ({threads} thread(s), {stamp})\n\n" + "\n\n".join(md) + "\n"
 
 
 def targets(res: dict, floors: dict, dec_ctxs: list[int], pre_ctxs: list[int]) -> list[dict]:
@@ -412,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_s = {a: arm.engine.compiled.compile_seconds for a, arm in arms.items()
                      if isinstance(arm, LongArm) and arm.engine.compiled is not None}  # fmt: skip
         if args.profile:
-            (RESULTS / "cpu_serve_profile.md").write_text(profile(arms["longmoe fp32"], dec_ctxs[0]))
+            (RESULTS / "cpu_serve_profile.md").write_text(profile(arms, dec_ctxs[0], t))
     for arm in arms.values():
         arm.close()
     md = table(dict(sorted(runs.items())), cfg, dec_ctxs, pre_ctxs, par, args.quick)

@@ -54,6 +54,21 @@ def retain_freed_memory(force: bool = False) -> bool:
     return ok
 
 
+def release_freed_memory() -> bool:
+    """Return the heap's free pages to the kernel now (glibc ``malloc_trim(0)``).
+
+    With ``retain_freed_memory`` on, a freed model stays resident and the next one reuses its pages, so a
+    resident-memory delta measured across a load reads ~0. Call this before such a measurement. Returns
+    False where there is no ``malloc_trim`` (not glibc)."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
+
+
 def available_memory_bytes() -> int | None:
     """Memory this process can still allocate: ``MemAvailable`` (free + reclaimable cache) capped by
     the cgroup limit, else the physical total from ``sysconf``; None where none is known."""

@@ -98,3 +98,18 @@ def test_the_report_card_imports_no_torch():
         subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent).returncode
         == 0
     )
+
+
+@pytest.mark.parametrize(
+    ("ours", "peer", "lower", "says"),
+    [
+        (24.5, 23.7, True, "llama.cpp 1.03× faster"),  # a 3% gap is not "1.0×"
+        (23.1, 25.1, True, "longmoe 1.09× faster"),
+        (59.4, 112.3, True, "longmoe 1.9× faster"),
+        (220.0, 120.0, False, "longmoe 1.8× faster"),  # tokens/s: higher is better
+    ],
+)
+def test_faster_names_the_winner_with_enough_digits_to_see_the_gap(ours, peer, lower, says):
+    from longmoe.headlines import _faster
+
+    assert _faster(ours, peer, "llama.cpp", lower) == says

@@ -40,6 +40,28 @@ def test_retain_freed_memory_stops_refaulting_large_blocks():
     assert tuned < plain / 20
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc_trim")
+def test_release_freed_memory_gives_a_freed_block_back_to_the_kernel():
+    """With the tune on, a freed 256 MB block stays resident until ``release_freed_memory``."""
+    code = r"""
+import torch
+from longmoe.runtime import release_freed_memory, retain_freed_memory
+def rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS:")).split()[1]) << 10
+assert retain_freed_memory(force=True)
+t = torch.ones(64 << 20)  # 256 MB, touched
+r0 = rss()
+del t
+r1 = rss()
+assert release_freed_memory()
+print(r0 - r1, r0 - rss())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    kept, released = (int(x) for x in out.stdout.split())
+    assert kept < 32 << 20 and released > 200 << 20
+
+
 def test_disabled_by_environment(monkeypatch):
     import longmoe.runtime as rt
 
