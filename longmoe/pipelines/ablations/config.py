@@ -21,7 +21,7 @@ ARMS = {"decay": DECAY_ARMS, "attnres": ATTNRES_ARMS, "balance": BALANCE_ARMS}
 class AblationConfig:
     """Budgets of the three studies. Every run of a study sees the same tokens (``steps`` batches of
     ``batch_size`` windows of ``window`` tokens) and the same seeds (seed ``s`` fixes init and data
-    order); the full settings fit ~45 minutes of a shared 2-core machine with one thread per run."""
+    order); the full settings take ~6 minutes on a shared 2-core machine, one thread per run (40 runs)."""
 
     studies: tuple[str, ...] = STUDIES
     arms: tuple[str, ...] = ()  # only these arms (empty: all), e.g. to split a study over processes
