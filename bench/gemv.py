@@ -38,12 +38,6 @@ from longmoe.ops.quant import dequantize_int8, quantize_int8
 Kernel = Callable[[torch.Tensor, int], torch.Tensor]  # (x [1, K] fp32, weight index) -> [1, N] fp32
 
 
-def _act_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8 activation: ``x ≈ xq · sx``, ``xq ∈ [-127, 127]``."""
-    sx = x.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 127  # [1, 1]
-    return (x / sx).round().to(torch.int8), sx
-
-
 def kernels(w: list[torch.Tensor], q: list[torch.Tensor], s: list[torch.Tensor]) -> dict[str, Kernel]:
     """Every arm over the same weights (fp32 ``w``, int8 ``q`` with per-row scales ``s``)."""
     red_fp32 = torch.compile(lambda x, wi: (x * wi).sum(-1)[None], dynamic=False)
@@ -62,8 +56,8 @@ def kernels(w: list[torch.Tensor], q: list[torch.Tensor], s: list[torch.Tensor])
 
 
 def _int8_int8(x: torch.Tensor, qt: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    xq, sx = _act_int8(x)
-    return torch._int_mm(xq, qt).float() * (sx * s)  # [1, N]
+    xq, sx = quantize_int8(x)  # the activation row, symmetric per row as the weights are: [1, K], [1]
+    return torch._int_mm(xq, qt).float() * (sx[:, None] * s)  # [1, N]
 
 
 def one_pass(fn: Kernel, xs: list[torch.Tensor]) -> float:

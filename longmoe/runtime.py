@@ -30,6 +30,14 @@ ENV_VAR = "LONGMOE_MALLOC_TUNE"
 _applied: bool | None = None
 
 
+def _libc_function(name: str):  # noqa: ANN202 (a ctypes function pointer)
+    """The C library's function ``name``, or None where there is no such library or function."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def retain_freed_memory(force: bool = False) -> bool:
     """On glibc Linux, stop ``malloc`` from mmapping large blocks and trimming the heap.
 
@@ -42,10 +50,8 @@ def retain_freed_memory(force: bool = False) -> bool:
     _applied = False
     if not sys.platform.startswith("linux") or (os.environ.get(ENV_VAR, "1") == "0" and not force):
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and others have no mallopt
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:  # musl and others have no mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # trim threshold is an int here: 2**31 - 1 bytes of free heap top is never reached in practice
@@ -60,9 +66,8 @@ def release_freed_memory() -> bool:
     With ``retain_freed_memory`` on, a freed model stays resident and the next one reuses its pages, so a
     resident-memory delta measured across a load reads ~0. Call this before such a measurement. Returns
     False where there is no ``malloc_trim`` (not glibc)."""
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
+    trim = _libc_function("malloc_trim")
+    if trim is None:
         return False
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
