@@ -132,3 +132,39 @@ def test_rl_lr_is_chosen_on_validation_seeds(tmp_path, monkeypatch):
     assert agent_run.choose_rl_lr(cfg, tmp_path, tmp_path / "sft") == 1e-4 and seen == [True, True]
     assert json.loads((tmp_path / "rl_lr.json").read_text())["lr"] == 1e-4
     assert agent_run.validation_offset(cfg.seed) + 1_000_000_000 in VALIDATION_SEEDS
+
+
+def test_parallel_scheduler_starts_at_best_lr_so_far_and_redoes_superseded_runs():
+    from longmoe.pipelines.agent.parallel import Job, Scheduler
+
+    cfg = AgentRecipeConfig(rl_lrs=[1e-5, 1e-4, 1e-3], rl_seeds=2, ablations=["no_kl"])
+    sched = Scheduler(cfg)
+    first = sched.start(2, {})  # the first two candidates; nothing is scored yet
+    assert [(s.lr, s.provisional) for s in first] == [(1e-5, False), (1e-4, False)]
+    third = sched.start(1, {})[0]
+    assert third.job == Job(1e-3, 0) and sched.start(1, {}) == []  # a chosen-lr job waits for a score
+    scores = {1e-5: 0.2, 1e-4: 0.5}
+    spec = sched.start(1, scores)[0]  # seed 1 at the best lr so far
+    assert (spec.job, spec.lr, spec.provisional) == (Job(None, 1), 1e-4, True)
+    assert sched.superseded([spec], scores) == []  # not settled: keep going
+    scores[1e-3] = 0.6  # the last candidate wins: the provisional run is redone at 1e-3
+    assert sched.superseded([*first, third, spec], scores) == [spec]
+    redo = sched.start(2, scores)
+    assert [(s.job, s.lr, s.provisional) for s in redo] == [(Job(None, 1), 1e-3, False),
+                                                           (Job(None, 0, "no_kl"), 1e-3, False)]  # fmt: skip
+    assert sched.pending == [] and sched.superseded(redo, scores) == []
+
+
+def test_parallel_scheduler_with_one_lr_runs_every_seed_at_it():
+    from longmoe.pipelines.agent.parallel import Scheduler
+
+    cfg = AgentRecipeConfig(rl_lrs=[5e-5], rl_seeds=2, ablations=[])
+    started = Scheduler(cfg).start(4, {})
+    assert [(s.job.seed, s.lr, s.provisional) for s in started] == [(0, 5e-5, False), (1, 5e-5, False)]
+
+
+def test_agent_recipe_rejects_nonpositive_jobs(capsys):
+    from longmoe.cli import main
+
+    assert main(["recipe", "agent", "--jobs", "0"]) == 2
+    assert "--jobs=0 is invalid" in capsys.readouterr().err

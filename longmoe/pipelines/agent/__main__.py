@@ -7,6 +7,7 @@ import argparse
 import logging
 
 from longmoe.pipelines.agent.config import AgentRecipeConfig
+from longmoe.pipelines.agent.parallel import run_parallel
 from longmoe.pipelines.agent.run import report_so_far, run_recipe
 from longmoe.pipelines.recipe import add_common_arguments, config_error
 from longmoe.pipelines.recipe import main as recipe_main
@@ -21,6 +22,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         out_help="output directory (default runs/agent, runs/agent-quick with --quick)",
     )
     p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="RL runs trained at once, each in its own process with threads/JOBS threads (default 1: in "
+        "turn); a free worker starts the next run at the best validated lr so far and redoes it if "
+        "the last candidate wins (longmoe/pipelines/agent/parallel.py)",
+    )
+    p.add_argument(
         "--report-only", action="store_true", help="write the report from the evaluations done so far"
     )
 
@@ -31,12 +40,15 @@ def run(args: argparse.Namespace) -> int:
         cfg = AgentRecipeConfig.quick() if args.quick else AgentRecipeConfig()
     except ValueError as e:
         raise config_error(e) from e
+    if args.jobs < 1:
+        raise config_error(ValueError(f"--jobs={args.jobs} is invalid: expected a positive integer"))
     if args.out is not None:
         cfg.run_dir = str(args.out)
     if args.report_only:
         report_so_far(cfg)
     else:
-        run_recipe(cfg)
+        jobs = args.jobs
+        run_recipe(cfg, None if jobs == 1 else lambda c, root: run_parallel(c, root, jobs))
     return 0
 
 

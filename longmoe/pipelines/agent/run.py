@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ EVALS = "evals.json"  # RUN/evals.json: model name -> per-horizon results (fille
 VAL_EVALS = "val_evals.json"  # the same on validation task seeds (the RL lr choice)
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
     print(f"[agent] {time.strftime('%H:%M:%S')} {msg}", flush=True)
 
 
@@ -52,7 +53,7 @@ def pretrain(cfg: AgentRecipeConfig, root: Path) -> Path:
     run = root / "pretrain"
     if (run / ckpt.FINAL_DIR).exists():
         return run / ckpt.FINAL_DIR
-    _say("pretraining")
+    say("pretraining")
     if (run / ckpt.CONFIG_FILE).exists():
         tr = Trainer(run, resume=True, progress=False)
     else:
@@ -69,7 +70,7 @@ def sft(cfg: AgentRecipeConfig, root: Path, init: Path) -> Path:
     run = root / "sft"
     if (run / ckpt.FINAL_DIR).exists():
         return run / ckpt.FINAL_DIR
-    _say("SFT")
+    say("SFT")
     if (run / "sft_config.json").exists():
         tr = SFTTrainer(run, resume=True, progress=False)
     else:
@@ -89,7 +90,7 @@ def rl(cfg: AgentRecipeConfig, root: Path, init: Path, name: str, changes: dict[
     run = root / name
     if (run / ckpt.FINAL_DIR).exists():
         return run / ckpt.FINAL_DIR
-    _say(f"RL run {name}")
+    say(f"RL run {name}")
     fields = {**cfg.rl, **changes, "init": str(init), "env": cfg.env, "env_args": dict(cfg.env_args)}
     fields.setdefault("seed", cfg.seed)
     RLTrainer(run, RLConfig(**fields), resume=True).fit()
@@ -111,7 +112,7 @@ def evaluate(
     done = json.loads(path.read_text()) if path.exists() else {}
     if name in done:
         return done[name]
-    _say(f"evaluating {name} ({episodes} episodes x {len(cfg.eval_horizons)} horizons)")
+    say(f"evaluating {name} ({episodes} episodes x {len(cfg.eval_horizons)} horizons)")
     rl_cfg = RLConfig(**{k: v for k, v in cfg.rl.items() if k in ("max_turn_tokens", "max_episode_tokens")})
     opts = {"max_batch": 64, "cache_budget_bytes": 4 << 30, "max_waiting": 1 << 16,
             "max_context": rl_cfg.max_episode_tokens + 1}  # fmt: skip
@@ -149,14 +150,18 @@ def choose_rl_lr(cfg: AgentRecipeConfig, root: Path, tuned: Path) -> float:
         n = sum(r["episodes"] for r in rows)
         scores[lr] = sum(r["success"] * r["episodes"] for r in rows) / max(n, 1)
     best = max(cfg.rl_lrs, key=lambda lr: scores[lr])
-    _say(f"RL lr on validation tasks: {scores} -> {best:g}")
+    say(f"RL lr on validation tasks: {scores} -> {best:g}")
     val = {str(k): v for k, v in scores.items()}
     (root / RL_LR).write_text(json.dumps({"lr": best, "validation_success": val}, indent=1) + "\n")
     return best
 
 
-def run_recipe(cfg: AgentRecipeConfig) -> dict[str, Any]:
-    """Run (or resume) every stage; returns the report's data."""
+def run_recipe(
+    cfg: AgentRecipeConfig, before_rl: Callable[[AgentRecipeConfig, Path], None] | None = None
+) -> dict[str, Any]:
+    """Run (or resume) every stage; returns the report's data. ``before_rl(cfg, run_dir)`` runs after
+    SFT (``--jobs``: the RL runs in parallel processes, ``parallel.run_parallel``); the stages below
+    then skip whatever it finished."""
     torch.set_num_threads(max(1, torch.get_num_threads()))
     root = Path(cfg.run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -171,6 +176,8 @@ def run_recipe(cfg: AgentRecipeConfig) -> dict[str, Any]:
     evals["pretrained"] = evaluate(cfg, root, "pretrained", base, cfg.eval_episodes)
     tuned = sft(cfg, root, base)
     evals["sft"] = evaluate(cfg, root, "sft", tuned, cfg.eval_episodes)
+    if before_rl is not None:
+        before_rl(cfg, root)
     lr = choose_rl_lr(cfg, root, tuned)
     for s in range(cfg.rl_seeds):
         path = rl(cfg, root, tuned, rl_run_name(lr, s), {"lr": lr, "seed": cfg.seed + s})
@@ -181,7 +188,7 @@ def run_recipe(cfg: AgentRecipeConfig) -> dict[str, Any]:
                                                                        "seed": cfg.seed + s})  # fmt: skip
             model = rl_model_name(s, name)
             evals[model] = evaluate(cfg, root, model, path, cfg.ablation_eval_episodes)
-    _say(f"done in {time.perf_counter() - t0:.0f} s; writing the report")
+    say(f"done in {time.perf_counter() - t0:.0f} s; writing the report")
     return write_report(cfg, root, evals)
 
 
