@@ -378,6 +378,32 @@ def _vision_extract(d: dict) -> list[Headline]:
     ]
 
 
+def _agent(d: dict) -> list[Headline]:
+    seeds, lr = d.get("rl_seed_success") or {}, d.get("rl_lr") or {}
+    sft_rows = d["evals"]["sft"]
+    sft = sum(r["success"] * r["episodes"] for r in sft_rows) / sum(r["episodes"] for r in sft_rows)
+    pr = d["paired_rl_minus_sft"]
+    if pr is None:  # no per-task episodes: the pooled difference, unpaired
+        k = len(seeds.get("per_seed") or {})
+        value, noise = f"{100 * (seeds['mean'] - sft):+.1f}", [f"unpaired, {k} RL seed(s)"]
+    else:
+        k = pr["rl_seeds"]
+        value = f"{100 * pr['diff']:+.1f} ± {100 * pr['se']:.1f}"
+        noise = [f"± one SE paired over {pr['tasks']} test tasks"]
+    sd = seeds.get("seed_sd")
+    noise.append(f"seed-to-seed SD {100 * sd:.1f} points" if k > 1 and sd is not None else "one RL seed")
+    if len(lr.get("validation_success") or {}) > 1:
+        noise.append(f"RL lr {lr['lr']:g} chosen on validation task seeds")
+    return [
+        Headline(
+            f"agentic RL ({d['config']['env']} tool use): held-out success, RL − SFT (points)",
+            value,
+            f"SFT {100 * sft:.1f}%; RL mean of {k} seed(s) {100 * seeds.get('mean', sft):.1f}%",
+            "; ".join(noise),
+        )
+    ]
+
+
 HEADLINES: dict[str, Callable[[dict], list[Headline]]] = {
     "demo": _demo,
     "kda": _kda,
@@ -395,4 +421,5 @@ HEADLINES: dict[str, Callable[[dict], list[Headline]]] = {
     "ablations": _checks("design ablations"),
     "mqar": _checks("associative recall sweep"),
     "vision_extract": _vision_extract,
+    "agent": _agent,
 }

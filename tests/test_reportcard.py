@@ -113,3 +113,21 @@ def test_faster_names_the_winner_with_enough_digits_to_see_the_gap(ours, peer, l
     from longmoe.headlines import _faster
 
     assert _faster(ours, peer, "llama.cpp", lower) == says
+
+
+def test_agent_headline_is_the_paired_rl_minus_sft_beside_sft_with_the_seed_spread():
+    from longmoe.headlines import _agent
+
+    agent = {
+        "config": {"env": "calculator"},
+        "evals": {"sft": [{"success": 0.4, "episodes": 100}, {"success": 0.2, "episodes": 100}]},
+        "paired_rl_minus_sft": {"diff": 0.05, "se": 0.02, "tasks": 200, "rl_seeds": 3},
+        "rl_seed_success": {"per_seed": {"a": 0.33, "b": 0.35, "c": 0.37}, "mean": 0.35, "seed_sd": 0.02},
+        "rl_lr": {"lr": 5e-5, "validation_success": {"2e-05": 0.4, "5e-05": 0.45}},
+    }
+    [h] = _agent(agent)
+    assert h.value == "+5.0 ± 2.0" and h.baseline == "SFT 30.0%; RL mean of 3 seed(s) 35.0%"
+    assert "200 test tasks" in h.noise and "SD 2.0 points" in h.noise and "5e-05 chosen" in h.noise
+    one = {**agent, "paired_rl_minus_sft": None, "rl_seed_success": {"per_seed": {"a": 0.3}, "mean": 0.3}}
+    [h1] = _agent(one)
+    assert h1.value == "+0.0" and "unpaired" in h1.noise and "one RL seed" in h1.noise

@@ -107,13 +107,23 @@ def test_report_pairs_rl_and_sft_by_test_task_and_says_ablations_cannot_be_ranke
         ]
         d.joinpath(EPISODES_FILE).write_text("".join(json.dumps(e) + "\n" for e in eps))
     evals = {m: rows([0.5, 0.6, 0.7]) for m in ("sft", "sft+rl", "sft+rl#s1", "sft+rl:no_kl")}
-    p = write_report(cfg, tmp_path, evals)["paired_rl_minus_sft"]
+    evals["sft+rl#s1"] = rows([0.5, 0.6, 0.9])
+    (tmp_path / "rl_lr.json").write_text(
+        json.dumps({"lr": 5e-5, "validation_success": {"2e-05": 0.4, "5e-05": 0.45}})
+    )
+    data = write_report(cfg, tmp_path, evals)
+    p = data["paired_rl_minus_sft"]
+    g = {x["horizon"]: x for x in data["gains"]}  # RL is the mean of its two seeds
+    assert g[3]["rl"] == pytest.approx(0.8) and g[3]["gain"] == pytest.approx(0.1) and not g[3]["paired"]
+    assert g[2]["paired"] and g[2]["stderr"] == pytest.approx(p["se"])  # h=2 holds all the episodes
+    assert data["rl_seed_success"]["seed_sd"] == pytest.approx(math.sqrt(2) * (0.7 - 0.6) / 3, rel=1e-6)
     d = [1.0, 0.5, 0.0, -0.5]  # per task: mean over the two RL seeds minus SFT
     sd = math.sqrt(sum((x - 0.25) ** 2 for x in d) / 3)
     assert p["tasks"] == 4 and p["rl_seeds"] == 2 and p["diff"] == pytest.approx(0.25)
     assert p["se"] == pytest.approx(sd / 2)
     md = (tmp_path / "report.md").read_text()
     assert "+25.0 ±" in md and "cannot be ranked" in md
+    assert "5e-05: 45.0 → **5e-05**" in md and "seed-to-seed standard deviation" in md
 
 
 def test_rl_lr_is_chosen_on_validation_seeds(tmp_path, monkeypatch):

@@ -79,6 +79,59 @@ def paired_difference(sft: dict, rls: list[dict]) -> dict[str, float] | None:
     return {"diff": mu, "se": sd / math.sqrt(len(d)), "tasks": len(d), "rl_seeds": len(rls)}
 
 
+def horizon_gains(evals: dict[str, list[dict]], rl_names: list[str], per_task: dict[str, dict]) -> list[dict]:
+    """RL (mean over its seeds) − SFT at each horizon where SFT is in ``MID``; the standard error is
+    paired by test task when every model's episodes are on disk, else the unpaired one."""
+    if "sft" not in evals or not rl_names:
+        return []
+    out = []
+    for i, a in enumerate(evals["sft"]):
+        if not MID[0] <= a["success"] <= MID[1]:
+            continue
+        h = a["horizon"]
+        rl = sum(evals[m][i]["success"] for m in rl_names) / len(rl_names)
+        at_h = {m: {t: v for t, v in per_task[m].items() if t[1] == h} for m in per_task}
+        pd = paired_difference(at_h["sft"], [at_h[m] for m in rl_names])
+        if pd is not None and pd["tasks"] > 1:
+            se, paired = pd["se"], True
+        else:
+            rl_se = math.sqrt(sum(evals[m][i]["se"] ** 2 for m in rl_names)) / len(rl_names)
+            se, paired = math.sqrt(a["se"] ** 2 + rl_se**2), False
+        out.append({"horizon": h, "sft": a["success"], "rl": rl, "gain": rl - a["success"], "stderr": se,
+                    "rl_seeds": len(rl_names), "paired": paired})  # fmt: skip
+    return out
+
+
+def seed_success(evals: dict[str, list[dict]], rl_names: list[str]) -> dict[str, Any] | None:
+    """Pooled held-out success of each RL seed, their mean and the seed-to-seed standard deviation."""
+    if not rl_names:
+        return None
+    ps = [pooled(evals[m])[0] for m in rl_names]
+    mu = sum(ps) / len(ps)
+    sd = math.sqrt(sum((p - mu) ** 2 for p in ps) / (len(ps) - 1)) if len(ps) > 1 else math.nan
+    return {"per_seed": dict(zip(rl_names, ps, strict=True)), "mean": mu, "seed_sd": sd}
+
+
+def seed_lines(evals: dict[str, list[dict]], rl_names: list[str]) -> list[str]:
+    s = seed_success(evals, rl_names)
+    if s is None or len(rl_names) < 2:
+        return []
+    each = ", ".join(f"{100 * p:.1f}" for p in s["per_seed"].values())
+    return [f"RL seeds (pooled held-out success, %): {each}; mean {100 * s['mean']:.1f}, seed-to-seed "
+            f"standard deviation {100 * s['seed_sd']:.1f} points.", ""]  # fmt: skip
+
+
+def lr_lines(root: Path) -> list[str]:
+    """The RL learning-rate choice on the validation task seeds (``RUN/rl_lr.json``)."""
+    f = root / RL_LR
+    val = json.loads(f.read_text()) if f.is_file() else {}
+    if len(val.get("validation_success") or {}) < 2:
+        return []
+    cells = ", ".join(f"{float(lr):g}: {100 * p:.1f}" for lr, p in val["validation_success"].items())
+    return [f"RL learning rate chosen on validation task seeds (disjoint from the test seeds), pooled "
+            f"success %: {cells} → **{val['lr']:g}**.", ""]  # fmt: skip
+
+
 def rl_runs(cfg: AgentRecipeConfig, root: Path) -> dict[str, Path]:
     """Model name -> its RL run directory (the chosen lr from ``RUN/rl_lr.json``; the pre-protocol
     layout ``RUN/rl``, ``RUN/rl_<ablation>`` where that is what the run holds)."""
@@ -124,13 +177,9 @@ def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]
             + f" | {_pm(p, se)} ({n}) | {100 * bad:.1f} | {100 * valid:.1f} | "
             f"{tok:.0f} |"
         )
-    gains = []
-    if "sft" in evals and "sft+rl" in evals:
-        for a, b in zip(evals["sft"], evals["sft+rl"], strict=True):
-            if MID[0] <= a["success"] <= MID[1]:
-                g = b["success"] - a["success"]
-                gains.append({"horizon": a["horizon"], "sft": a["success"], "rl": b["success"], "gain": g,
-                              "stderr": math.sqrt(a["se"] ** 2 + b["se"] ** 2)})  # fmt: skip
+    rl_names = [m for m in evals if m == "sft+rl" or m.startswith("sft+rl#")]
+    per_task = {m: episode_success(root, m) for m in ["sft", *rl_names]}
+    gains = horizon_gains(evals, rl_names, per_task)
     met = any(g["gain"] >= TARGET_GAIN for g in gains)
     lines += [
         "",
@@ -138,13 +187,16 @@ def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]
         f"(target: +{100 * TARGET_GAIN:.0f} points)",
         "",
     ]
-    lines += ["| horizon | SFT | SFT+RL | gain (points, ± se) |", "|---|---|---|---|"]
+    k = len(rl_names)
+    lines += [f"| horizon | SFT | SFT+RL (mean of {k} seed{'s' * (k > 1)}) | gain (points, ± se) |",
+              "|---|---|---|---|"]  # fmt: skip
     for g in gains:
         lines.append(f"| {g['horizon']} | {100 * g['sft']:.1f} | {100 * g['rl']:.1f} | "
                      f"{100 * g['gain']:+.1f} ± {100 * g['stderr']:.1f} |")  # fmt: skip
-    lines += ["", f"Target met: **{'yes' if met else 'no'}**.", ""]
-    rl_names = [m for m in evals if m == "sft+rl" or m.startswith("sft+rl#")]
-    paired = paired_difference(episode_success(root, "sft"), [episode_success(root, m) for m in rl_names])
+    how = "paired by test task" if gains and gains[0]["paired"] else "unpaired: no per-task episodes"
+    lines += ["", f"Standard errors {how}. Target met: **{'yes' if met else 'no'}**.", ""]
+    lines += seed_lines(evals, rl_names) + lr_lines(root)
+    paired = paired_difference(per_task["sft"], [per_task[m] for m in rl_names])
     lines += ["## RL − SFT, paired over the same test tasks", ""]
     if paired is None:
         lines += ["No per-task episodes of both SFT and RL yet.", ""]
@@ -189,8 +241,10 @@ def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]
     lines += ["", "Curves: `rl_*/rl_curves.png` (reward, success, KL, drift, episode length); success vs "
               "horizon: `success.png`.", ""]  # fmt: skip
     plot_success(evals, root / "success.png")
+    lr_file = root / RL_LR
     data = {"config": cfg.to_dict(), "evals": evals, "gains": gains, "target_met": met, "rl": summaries,
-            "paired_rl_minus_sft": paired}  # fmt: skip
+            "paired_rl_minus_sft": paired, "rl_seed_success": seed_success(evals, rl_names),
+            "rl_lr": json.loads(lr_file.read_text()) if lr_file.is_file() else None}  # fmt: skip
     (root / "report.json").write_text(json.dumps(data, indent=1) + "\n")
     (root / "report.md").write_text("\n".join(lines))
     print("\n".join(lines))
