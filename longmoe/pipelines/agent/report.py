@@ -211,7 +211,8 @@ def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]
         ]  # fmt: skip
     runs = rl_runs(cfg, root)
     summaries = {k: rl_summary(v) for k, v in runs.items()}
-    lines += ["## Ablations (each a full RL run from the same SFT model, one field changed)", ""]
+    lines += ["## RL runs: the seeds, then the ablations (each a full RL run from the same SFT model, one "
+              "field changed)", ""]  # fmt: skip
     w = SUMMARY_STEPS
     lines += [f"| run | held-out success (all) | RL reward, first → last {w} steps | KL (last {w}) | "
               f"drift: changed top-k (last {w}) | drift: load TV (last {w}) |",
