@@ -177,4 +177,4 @@ def test_agent_recipe_rejects_nonpositive_jobs(capsys):
     from longmoe.cli import main
 
     assert main(["recipe", "agent", "--jobs", "0"]) == 2
-    assert "--jobs=0 is invalid" in capsys.readouterr().err
+    assert "argument --jobs: 0 is invalid: expected an integer >= 1" in capsys.readouterr().err

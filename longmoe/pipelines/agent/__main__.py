@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from longmoe.argtypes import positive_int
 from longmoe.pipelines.agent.config import AgentRecipeConfig
 from longmoe.pipelines.agent.parallel import run_parallel
 from longmoe.pipelines.agent.run import report_so_far, run_recipe
@@ -23,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--jobs",
-        type=int,
+        type=positive_int,
         default=1,
         help="RL runs trained at once, each in its own process with threads/JOBS threads (default 1: in "
         "turn); a free worker starts the next run at the best validated lr so far and redoes it if "
@@ -40,8 +41,6 @@ def run(args: argparse.Namespace) -> int:
         cfg = AgentRecipeConfig.quick() if args.quick else AgentRecipeConfig()
     except ValueError as e:
         raise config_error(e) from e
-    if args.jobs < 1:
-        raise config_error(ValueError(f"--jobs={args.jobs} is invalid: expected a positive integer"))
     if args.out is not None:
         cfg.run_dir = str(args.out)
     if args.report_only:

@@ -28,6 +28,7 @@ import torch
 from longmoe import checkpoint as ckpt
 from longmoe.pipelines.agent import run as recipe
 from longmoe.pipelines.agent.config import ABLATIONS, AgentRecipeConfig
+from longmoe.pipelines.agent.report import pooled
 
 LOCK = "evals.lock"
 
@@ -54,19 +55,22 @@ def validation_scores(cfg: AgentRecipeConfig, root: Path) -> dict[float, float]:
     """lr -> pooled validation success of the candidates scored so far (``choose_rl_lr``'s numbers)."""
     path = root / recipe.VAL_EVALS
     done = json.loads(path.read_text()) if path.exists() else {}
-    out = {}
-    for lr in cfg.rl_lrs:
-        rows = done.get(f"sft+rl@lr{lr:g}")
-        if rows:
-            n = sum(r["episodes"] for r in rows)
-            out[lr] = sum(r["success"] * r["episodes"] for r in rows) / max(n, 1)
-    return out
+    rows = {lr: done.get(f"sft+rl@lr{lr:g}") for lr in cfg.rl_lrs}
+    return {lr: pooled(r)[0] for lr, r in rows.items() if r}
 
 
 def best_lr(cfg: AgentRecipeConfig, scores: dict[float, float]) -> float | None:
-    """The best-scored lr, ties to the earlier candidate (as ``choose_rl_lr``'s ``max``)."""
+    """The lr to run at: the only candidate, else the best-scored so far (ties to the earlier
+    candidate, as ``choose_rl_lr``'s ``max``); None while nothing is scored."""
+    if len(cfg.rl_lrs) == 1:
+        return cfg.rl_lrs[0]
     scored = [lr for lr in cfg.rl_lrs if lr in scores]
     return max(scored, key=lambda lr: scores[lr]) if scored else None
+
+
+def settled(cfg: AgentRecipeConfig, scores: dict[float, float]) -> bool:
+    """Whether ``best_lr`` is final: a single candidate, or every candidate scored."""
+    return len(cfg.rl_lrs) == 1 or all(lr in scores for lr in cfg.rl_lrs)
 
 
 @dataclass
@@ -74,20 +78,13 @@ class Scheduler:
     """Which RL runs to start, and which to redo, given the validation scores so far (pure logic)."""
 
     cfg: AgentRecipeConfig
-    pending: list[Job] = field(default_factory=list)
+    pending: list[Job] = field(init=False)  # the queue: lr candidates, the other seeds, the ablations
 
     def __post_init__(self) -> None:
         c = self.cfg
-        if not self.pending:
-            self.pending = [Job(lr, 0) for lr in (c.rl_lrs if len(c.rl_lrs) > 1 else [])]
-            self.pending += [Job(None, s) for s in range(0 if len(c.rl_lrs) == 1 else 1, c.rl_seeds)]
-            self.pending += [Job(None, s, a) for a in c.ablations for s in range(c.ablation_seeds)]
-
-    def settled(self, scores: dict[float, float]) -> bool:
-        return len(self.cfg.rl_lrs) == 1 or all(lr in scores for lr in self.cfg.rl_lrs)
-
-    def chosen(self, scores: dict[float, float]) -> float | None:
-        return self.cfg.rl_lrs[0] if len(self.cfg.rl_lrs) == 1 else best_lr(self.cfg, scores)
+        self.pending = [Job(lr, 0) for lr in (c.rl_lrs if len(c.rl_lrs) > 1 else [])]
+        self.pending += [Job(None, s) for s in range(0 if len(c.rl_lrs) == 1 else 1, c.rl_seeds)]
+        self.pending += [Job(None, s, a) for a in c.ablations for s in range(c.ablation_seeds)]
 
     def start(self, free: int, scores: dict[float, float]) -> list[Started]:
         """Up to ``free`` jobs to start now, in queue order; a job at the chosen lr waits until some
@@ -95,18 +92,18 @@ class Scheduler:
         out = []
         while len(out) < free and self.pending:
             job = self.pending[0]
-            lr = job.lr if job.lr is not None else self.chosen(scores)
+            lr = job.lr if job.lr is not None else best_lr(self.cfg, scores)
             if lr is None:
                 break
             self.pending.pop(0)
-            out.append(Started(job, lr, job.lr is None and not self.settled(scores)))
+            out.append(Started(job, lr, job.lr is None and not settled(self.cfg, scores)))
         return out
 
     def superseded(self, started: list[Started], scores: dict[float, float]) -> list[Started]:
         """Once the lr is settled: the provisional runs at another lr, requeued at the front."""
-        if not self.settled(scores):
+        if not settled(self.cfg, scores):
             return []
-        lr = self.chosen(scores)
+        lr = best_lr(self.cfg, scores)
         bad = [s for s in started if s.provisional and s.lr != lr]
         self.pending[:0] = [s.job for s in bad]
         return bad
@@ -125,9 +122,8 @@ def _worker(run_dir: str, lr: float, seed: int, ablation: str | None, threads: i
         fcntl.flock(lock, fcntl.LOCK_EX)
         if len(cfg.rl_lrs) > 1 and ablation is None and seed == 0:  # an lr candidate: its validation score
             recipe.evaluate(cfg, root, f"sft+rl@lr{lr:g}", path, cfg.val_episodes, validation=True)
-        sched = Scheduler(cfg, pending=[Job(lr, 0)])
         scores = validation_scores(cfg, root)
-        if sched.settled(scores) and sched.chosen(scores) == lr:  # test evals only under the chosen lr
+        if settled(cfg, scores) and best_lr(cfg, scores) == lr:  # test evals only under the chosen lr
             eps = cfg.ablation_eval_episodes if ablation else cfg.eval_episodes
             recipe.evaluate(cfg, root, recipe.rl_model_name(seed, ablation), path, eps)
 

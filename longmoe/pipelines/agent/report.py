@@ -112,20 +112,18 @@ def seed_success(evals: dict[str, list[dict]], rl_names: list[str]) -> dict[str,
     return {"per_seed": dict(zip(rl_names, ps, strict=True)), "mean": mu, "seed_sd": sd}
 
 
-def seed_lines(evals: dict[str, list[dict]], rl_names: list[str]) -> list[str]:
-    s = seed_success(evals, rl_names)
-    if s is None or len(rl_names) < 2:
+def seed_lines(s: dict[str, Any] | None) -> list[str]:
+    """``seed_success``'s numbers as a sentence (none for fewer than two seeds)."""
+    if s is None or len(s["per_seed"]) < 2:
         return []
     each = ", ".join(f"{100 * p:.1f}" for p in s["per_seed"].values())
     return [f"RL seeds (pooled held-out success, %): {each}; mean {100 * s['mean']:.1f}, seed-to-seed "
             f"standard deviation {100 * s['seed_sd']:.1f} points.", ""]  # fmt: skip
 
 
-def lr_lines(root: Path) -> list[str]:
-    """The RL learning-rate choice on the validation task seeds (``RUN/rl_lr.json``)."""
-    f = root / RL_LR
-    val = json.loads(f.read_text()) if f.is_file() else {}
-    if len(val.get("validation_success") or {}) < 2:
+def lr_lines(val: dict[str, Any] | None) -> list[str]:
+    """The RL learning-rate choice on the validation task seeds (``RUN/rl_lr.json``'s content)."""
+    if len((val or {}).get("validation_success") or {}) < 2:
         return []
     cells = ", ".join(f"{float(lr):g}: {100 * p:.1f}" for lr, p in val["validation_success"].items())
     return [f"RL learning rate chosen on validation task seeds (disjoint from the test seeds), pooled "
@@ -195,7 +193,10 @@ def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]
                      f"{100 * g['gain']:+.1f} ± {100 * g['stderr']:.1f} |")  # fmt: skip
     how = "paired by test task" if gains and gains[0]["paired"] else "unpaired: no per-task episodes"
     lines += ["", f"Standard errors {how}. Target met: **{'yes' if met else 'no'}**.", ""]
-    lines += seed_lines(evals, rl_names) + lr_lines(root)
+    seeds = seed_success(evals, rl_names)
+    lr_file = root / RL_LR
+    lr_choice = json.loads(lr_file.read_text()) if lr_file.is_file() else None
+    lines += seed_lines(seeds) + lr_lines(lr_choice)
     paired = paired_difference(per_task["sft"], [per_task[m] for m in rl_names])
     lines += ["## RL − SFT, paired over the same test tasks", ""]
     if paired is None:
@@ -242,10 +243,8 @@ def write_report(cfg: AgentRecipeConfig, root: Path, evals: dict[str, list[dict]
     lines += ["", "Curves: `rl_*/rl_curves.png` (reward, success, KL, drift, episode length); success vs "
               "horizon: `success.png`.", ""]  # fmt: skip
     plot_success(evals, root / "success.png")
-    lr_file = root / RL_LR
     data = {"config": cfg.to_dict(), "evals": evals, "gains": gains, "target_met": met, "rl": summaries,
-            "paired_rl_minus_sft": paired, "rl_seed_success": seed_success(evals, rl_names),
-            "rl_lr": json.loads(lr_file.read_text()) if lr_file.is_file() else None}  # fmt: skip
+            "paired_rl_minus_sft": paired, "rl_seed_success": seeds, "rl_lr": lr_choice}  # fmt: skip
     (root / "report.json").write_text(json.dumps(data, indent=1) + "\n")
     (root / "report.md").write_text("\n".join(lines))
     print("\n".join(lines))

@@ -29,7 +29,7 @@ from longmoe.envs.seeds import validation_offset
 from longmoe.eval.agent.harness import summarize
 from longmoe.eval.agent.local import run_local_eval
 from longmoe.pipelines.agent.config import ABLATIONS, AgentRecipeConfig
-from longmoe.pipelines.agent.report import RL_LR, write_report
+from longmoe.pipelines.agent.report import RL_LR, pooled, write_report
 from longmoe.presets import preset
 from longmoe.rl.config import RLConfig
 from longmoe.rl.plots import render as render_rl
@@ -146,9 +146,9 @@ def choose_rl_lr(cfg: AgentRecipeConfig, root: Path, tuned: Path) -> float:
     scores = {}
     for lr in cfg.rl_lrs:
         path = rl(cfg, root, tuned, rl_run_name(lr, 0), {"lr": lr, "seed": cfg.seed})
-        rows = evaluate(cfg, root, f"sft+rl@lr{lr:g}", path, cfg.val_episodes, validation=True)
-        n = sum(r["episodes"] for r in rows)
-        scores[lr] = sum(r["success"] * r["episodes"] for r in rows) / max(n, 1)
+        scores[lr] = pooled(evaluate(cfg, root, f"sft+rl@lr{lr:g}", path, cfg.val_episodes, validation=True))[
+            0
+        ]
     best = max(cfg.rl_lrs, key=lambda lr: scores[lr])
     say(f"RL lr on validation tasks: {scores} -> {best:g}")
     val = {str(k): v for k, v in scores.items()}
