@@ -11,7 +11,7 @@ import torch
 
 from longmoe.cli import main as cli_main
 from longmoe.config import IGNORE_INDEX
-from longmoe.eval.extract.local import prompt_ids
+from longmoe.eval.extract.local import decode_documents, prompt_ids
 from longmoe.pipelines.vision_extract.__main__ import main
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig, quick
 from longmoe.pipelines.vision_extract.data import char_tokenizer, make_rows, train_batch, train_seed
@@ -27,6 +27,26 @@ def tok():
 def test_char_tokenizer_is_one_token_per_character(tok):
     s = '{"code":"A1B2","zip":"X9"}'
     assert len(tok.encode(s)) == len(s) and tok.decode(tok.encode(s)) == s
+
+
+def test_greedy_answers_never_contain_image_tokens(tok, monkeypatch):
+    """An untrained model may rank an image-span token first; decoding one would feed <|image_patch|>
+    with no patches back in (a crash in the middle of an evaluation), so decode skips those ids."""
+    model = build_model(quick())
+    image_ids = [tok.image_start_id, tok.image_patch_id, tok.image_end_id]
+    forward = model.forward
+
+    def favour_image_tokens(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits[..., image_ids] += 1e4  # every position's top choices are the image tokens
+        return out
+
+    monkeypatch.setattr(model, "forward", favour_image_tokens)
+    docs = [render("form_easy", s) for s in range(3)]
+    replies = decode_documents(model, tok, docs, [5] * len(docs))
+    assert len(replies) == 3
+    for r in replies:
+        assert not set(image_ids) & set(tok.encode(r.text))
 
 
 @pytest.mark.parametrize("inputs", ["image", "text"])

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from longmoe.checkpoint import load_model
-from longmoe.data.images import image_span, patchify
+from longmoe.data.images import image_span, image_token_ids, patchify
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.eval.clients import ClientError, Reply
 from longmoe.eval.extract.clients import INPUTS
@@ -50,14 +50,23 @@ def greedy_batch(
     images: list[Patches | None],
     max_tokens: int,
     stop_ids: tuple[int, ...],
+    banned_ids: tuple[int, ...] = (),
 ) -> list[list[int]]:
-    """Greedy continuations of prompts that all have the same length (one cache row each)."""
+    """Greedy continuations of prompts that all have the same length (one cache row each), never
+    choosing ``banned_ids`` (the image-span tokens: an image token without its patches is not text)."""
     dev = next(model.parameters()).device
+    banned = torch.tensor(banned_ids, dtype=torch.long, device=dev)
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B]
+        if banned.numel():
+            logits = logits.index_fill(-1, banned, float("-inf"))
+        return logits.argmax(-1)
+
     x = torch.tensor(prompts, device=dev)  # [B, T]
     imgs = [p for p in images if p is not None]
     emb = model.encode_images(imgs) if imgs else None  # [sum patches, d]
     out = model(x, use_cache=True, image_embeds=emb, logits_to_keep=1)  # the head on the last position
-    cache, nxt = out.cache, out.logits[:, -1].argmax(-1)  # [B]
+    cache, nxt = out.cache, pick(out.logits[:, -1])  # [B]
     gen = [[] for _ in prompts]
     done = [False] * len(prompts)
     for _ in range(max_tokens):
@@ -70,7 +79,7 @@ def greedy_batch(
         if all(done):
             break
         out = model(nxt[:, None], cache=cache)
-        nxt = out.logits[:, -1].argmax(-1)
+        nxt = pick(out.logits[:, -1])
     return gen
 
 
@@ -92,13 +101,14 @@ def decode_documents(
     for i, (ids, _) in enumerate(built):
         groups[len(ids)].append(i)
     stop = (tok.eos_id, tok.end_id)
+    image_ids = image_token_ids(tok) if model.cfg.vision is not None else ()
     replies: list[Reply | None] = [None] * len(docs)
     for length, idx in groups.items():
         for s in range(0, len(idx), batch_size):
             part = idx[s : s + batch_size]
             gen = greedy_batch(
                 model, [built[i][0] for i in part], [built[i][1] for i in part],
-                max(max_tokens[i] for i in part), stop,
+                max(max_tokens[i] for i in part), stop, image_ids,
             )  # fmt: skip
             for i, g in zip(part, gen):
                 g = g[: max_tokens[i]]
