@@ -13,18 +13,20 @@ decoded greedily through the cache; generation stops at ``<|eos|>`` or ``<|end|>
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from longmoe.checkpoint import load_model
-from longmoe.data.images import image_span, image_token_ids, patchify
+from longmoe.data.images import image_span, patchify
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.eval.clients import ClientError, Reply
 from longmoe.eval.extract.clients import INPUTS
 from longmoe.eval.extract.textgrid import text_grid
 from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
+from longmoe.serve.prompt_images import image_token_ids
 from longmoe.tasks.documents import INSTRUCTION, Document
 
 LOCAL_INPUTS = (*INPUTS, "text_grid")  # a character grid needs the model's own encoder: local only
@@ -50,12 +52,12 @@ def greedy_batch(
     images: list[Patches | None],
     max_tokens: int,
     stop_ids: tuple[int, ...],
-    banned_ids: tuple[int, ...] = (),
+    banned_ids: Sequence[int] = (),
 ) -> list[list[int]]:
     """Greedy continuations of prompts that all have the same length (one cache row each), never
     choosing ``banned_ids`` (the image-span tokens: an image token without its patches is not text)."""
     dev = next(model.parameters()).device
-    banned = torch.tensor(banned_ids, dtype=torch.long, device=dev)
+    banned = torch.tensor(list(banned_ids), dtype=torch.long, device=dev)
 
     def pick(logits: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B]
         if banned.numel():
@@ -101,7 +103,7 @@ def decode_documents(
     for i, (ids, _) in enumerate(built):
         groups[len(ids)].append(i)
     stop = (tok.eos_id, tok.end_id)
-    image_ids = image_token_ids(tok) if model.cfg.vision is not None else ()
+    image_ids = image_token_ids(model, tok)  # what serving bans too: decode has no pixels
     replies: list[Reply | None] = [None] * len(docs)
     for length, idx in groups.items():
         for s in range(0, len(idx), batch_size):
