@@ -19,7 +19,7 @@ from longmoe.tasks.documents import (
     render,
     train_seeds,
 )
-from longmoe.tasks.documents.draw import ALNUM, bitmap_font
+from longmoe.tasks.documents.draw import ALNUM, bitmap_font, rotate_point
 from longmoe.tasks.documents.forms import EASY_CELL, EASY_LABELS, EASY_VALUE_COL, easy_cell_origin
 
 
@@ -92,6 +92,46 @@ def test_form_easy_glyphs_sit_whole_in_their_patch():
             patch = ink[row * EASY_CELL : (row + 1) * EASY_CELL, col * EASY_CELL : (col + 1) * EASY_CELL]
             assert patch.any() == (col in cells), (row, col)
     assert ink.shape == (len(lines) * EASY_CELL, 11 * EASY_CELL)  # one patch row per field
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_glyph_centres_lie_on_the_ink_of_their_characters(family):
+    """Every recorded glyph centre has ink within 3 px on the finished page (rotation included), and
+    the glyphs spell every ground-truth value: they are where a reader must look."""
+    for seed in range(3):
+        d = render(family, seed)
+        ink = np.asarray(d.image.convert("L")) < 200  # [H, W] (a full stop at 10 px is a faint grey)
+        H, W = ink.shape
+        for g in d.glyphs:
+            x, y = round(g.x), round(g.y)
+            win = ink[max(0, y - 3) : min(H, y + 4), max(0, x - 3) : min(W, x + 4)]
+            assert win.any(), (family, seed, g)
+        chars = "".join(g.char for g in d.glyphs)
+        for path, v in _leaves(d.fields):
+            if path in ("figure.count", "figure.kind"):
+                continue  # drawn as a chart, not as text
+            for ch in str(v).replace(" ", ""):
+                assert ch in chars, (family, seed, v)
+
+
+def test_glyph_centres_turn_with_the_page():
+    """Centres follow Image.rotate's rule (a pixel and its rotated place); form_easy's centres sit in
+    the 8-px cell of their character, one per drawn character."""
+    d = render("form_easy", 3)
+    lines = d.text.split("\n")
+    for g in d.glyphs:
+        row, col = int(g.y // EASY_CELL), int(g.x // EASY_CELL)
+        label, value = lines[row].split(": ")
+        cells = {c: ch for c, ch in enumerate(label + ":")}
+        cells.update({EASY_VALUE_COL + j: ch for j, ch in enumerate(value)})
+        assert cells[col] == g.char, g
+    assert len(d.glyphs) == sum(len(line.replace(" ", "")) for line in lines)
+    from PIL import Image
+
+    im = Image.new("L", (21, 21), 255)
+    im.putpixel((10, 0), 0)  # a quarter turn anticlockwise takes the top-centre pixel to the left-centre
+    ((y, x),) = np.argwhere(np.asarray(im.rotate(90, fillcolor=255)) < 128)
+    assert rotate_point(10.5, 0.5, 90.0, 21, 21) == pytest.approx((x + 0.5, y + 0.5))  # pixel centres
 
 
 def test_form_easy_glyphs_are_whole_and_distinct_patches():

@@ -34,11 +34,11 @@ from PIL import Image
 
 from longmoe.tasks.base import TaskError
 from longmoe.tasks.documents import forms, pages
-from longmoe.tasks.documents.draw import MAX_SIDE, Box
+from longmoe.tasks.documents.draw import MAX_SIDE, Box, Glyph, Page
 
 HELD_OUT_SEED_BASE = 1_000_000_000  # training seeds stay below, held-out renders start here
 
-Renderer = Callable[[random.Random], tuple[Image.Image, dict[str, Any], str, list[Box]]]
+Renderer = Callable[[random.Random], Page]
 FAMILIES: dict[str, Renderer] = {
     "form_easy": forms.form_easy,
     "form_varied": forms.form_varied,
@@ -55,6 +55,7 @@ __all__ = [
     "INSTRUCTION",
     "MAX_SIDE",
     "Box",
+    "Glyph",
     "Document",
     "canonical_json",
     "documents",
@@ -80,6 +81,7 @@ class Document:
     fields: dict[str, Any]
     text: str  # the same content as plain text (the text-only control's input)
     boxes: list[Box] = field(default_factory=list)  # where each value was drawn (before rotation)
+    glyphs: list[Glyph] = field(default_factory=list)  # each drawn character's centre (after rotation)
 
     @property
     def target(self) -> str:
@@ -116,8 +118,8 @@ def render(family: str, seed: int) -> Document:
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise TaskError(f"seed={seed!r} is invalid: expected a non-negative integer")
     rng = random.Random(f"longmoe-document:{family}:{seed}")
-    image, fields, text, boxes = FAMILIES[family](rng)
-    return Document(family, seed, image.convert("RGB"), fields, text, boxes)
+    image, fields, text, boxes, glyphs = FAMILIES[family](rng)
+    return Document(family, seed, image.convert("RGB"), fields, text, boxes, glyphs)
 
 
 def train_seeds(n: int, start: int = 0) -> range:

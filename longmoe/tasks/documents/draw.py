@@ -2,16 +2,20 @@
 
 Only fonts that ship inside Pillow are used (nothing is downloaded): the bitmap font of
 ``ImageFont.load_default_imagefont()`` (6x11 px cells, always present) and, where Pillow has FreeType,
-the vector font of ``ImageFont.load_default(size=...)`` at a few sizes. Everything drawn is recorded
-as a ``Box`` (canvas coordinates before any rotation) so that tests can check that each ground-truth
-value really is on the page.
+the vector font of ``ImageFont.load_default(size=...)`` at a few sizes. Every ground-truth value drawn
+is recorded as a ``Box`` (canvas coordinates before any rotation) so that tests can check that it
+really is on the page, and every character drawn as a ``Glyph`` (its ink centre on the finished page,
+rotation included): where a reader has to look for it, the target of the vision recipe's patch-reading
+loss.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, features
@@ -33,6 +37,19 @@ class Box:
     path: str
     text: str
     box: tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class Glyph:
+    """One drawn character and the centre (x, y) of its box in page pixels, after any rotation."""
+
+    char: str
+    x: float
+    y: float
+
+
+Page = tuple[Image.Image, dict[str, Any], str, list[Box], list[Glyph]]  # a family's render: image,
+# ground-truth fields, the content as text, the values' boxes, the characters' centres
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,7 +87,8 @@ def line_height(font: Font) -> int:
 
 
 class Canvas:
-    """A white RGB page that records the box of each ground-truth value it draws."""
+    """A white RGB page that records the box of each ground-truth value and the centre of each
+    character it draws."""
 
     def __init__(self, width: int, height: int) -> None:
         if not (0 < width <= MAX_SIDE and 0 < height <= MAX_SIDE):
@@ -78,6 +96,7 @@ class Canvas:
         self.image = Image.new("RGB", (width, height), WHITE)
         self.draw = ImageDraw.Draw(self.image)
         self.boxes: list[Box] = []
+        self.glyphs: list[Glyph] = []
 
     @property
     def width(self) -> int:
@@ -91,6 +110,10 @@ class Canvas:
         """Draw ``text`` with its top-left at ``xy``; record it under ``path``; return its (right, bottom)."""
         x, y = xy
         self.draw.text((x, y), text, font=font, fill=INK)
+        for i, ch in enumerate(text):
+            if not ch.isspace():  # its box, moved right by the advance of the text before it
+                x0, y0, x1, y1 = font.getbbox(ch)
+                self.glyphs.append(Glyph(ch, x + font.getlength(text[:i]) + (x0 + x1) / 2, y + (y0 + y1) / 2))
         w, h = text_size(font, text)
         if path is not None:
             self.boxes.append(Box(path, text, (x, y, x + w, y + h)))
@@ -101,14 +124,24 @@ class Canvas:
         return x >= 0 and y >= 0 and x + w <= self.width - margin and y + h <= self.height - margin
 
 
-def finish(
-    image: Image.Image, rng: random.Random, noise: float = 0.0, max_degrees: float = 0.0
-) -> Image.Image:
-    """Small rotation (uniform in ±``max_degrees``, white fill, same size) then Gaussian pixel noise
-    of standard deviation ``noise`` (in 0..255 units), both drawn from ``rng``: deterministic."""
+def rotate_point(x: float, y: float, degrees: float, width: int, height: int) -> tuple[float, float]:
+    """Where pixel (x, y) lands when a ``width × height`` page is turned ``degrees`` anticlockwise
+    about its centre (``Image.rotate``'s rule; y points down)."""
+    t, cx, cy = math.radians(degrees), width / 2, height / 2
+    dx, dy = x - cx, y - cy
+    return cx + dx * math.cos(t) + dy * math.sin(t), cy - dx * math.sin(t) + dy * math.cos(t)
+
+
+def finish(canvas: Canvas, rng: random.Random, noise: float = 0.0, max_degrees: float = 0.0) -> Image.Image:
+    """The canvas's page turned by a small rotation (uniform in ±``max_degrees``, white fill, same size;
+    its glyph centres turned with it) then Gaussian pixel noise of standard deviation ``noise`` (in
+    0..255 units), both drawn from ``rng``: deterministic."""
+    image = canvas.image
     if max_degrees > 0:
         angle = rng.uniform(-max_degrees, max_degrees)
         image = image.rotate(angle, resample=Image.Resampling.BILINEAR, fillcolor=WHITE)
+        canvas.glyphs = [Glyph(g.char, *rotate_point(g.x, g.y, angle, image.width, image.height))
+                         for g in canvas.glyphs]  # fmt: skip
     if noise > 0:
         g = np.random.default_rng(rng.getrandbits(63))
         a = np.asarray(image, dtype=np.float32) + g.normal(0.0, noise, size=(image.height, image.width, 1))

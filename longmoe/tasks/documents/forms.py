@@ -36,6 +36,7 @@ from longmoe.tasks.documents.draw import (
     Box,
     Canvas,
     Font,
+    Page,
     bitmap_font,
     code,
     finish,
@@ -61,7 +62,7 @@ def easy_cell_origin(row: int, col: int) -> tuple[int, int]:
     return col * EASY_CELL + 1, row * EASY_CELL - _BITMAP_INK_TOP
 
 
-def form_easy(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
+def form_easy(rng: random.Random) -> Page:
     n = rng.randint(2, EASY_ROWS)
     labels = sorted(rng.sample(EASY_LABELS, n))
     canvas = Canvas(EASY_COLS * EASY_CELL, n * EASY_CELL)  # one 8-px row per field: 16 to 44 patches
@@ -80,7 +81,7 @@ def form_easy(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
         canvas.boxes.append(Box(key, value, cells))  # the value's grid cells
         fields[key] = value
         lines.append(f"{label}: {value}")
-    return canvas.image, fields, "\n".join(lines), canvas.boxes
+    return canvas.image, fields, "\n".join(lines), canvas.boxes, canvas.glyphs
 
 
 # ---------------------------------------------------------------------- form_varied
@@ -93,7 +94,7 @@ def varied_form_fonts() -> list[Font]:
     return [bitmap_font()] + ([vector_font(s) for s in VARIED_VECTOR_SIZES] if has_freetype() else [])
 
 
-def form_varied(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
+def form_varied(rng: random.Random) -> Page:
     n = rng.randint(2, EASY_ROWS)
     labels = sorted(rng.sample(EASY_LABELS, n))
     values = [code(rng, *EASY_VALUE_LEN) for _ in labels]
@@ -112,8 +113,8 @@ def form_varied(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]
         canvas.text((x_value, y), value, font, path=label)
         fields[label] = value
         lines.append(f"{label}: {value}")
-    image = finish(canvas.image, rng, noise=rng.uniform(0, VARIED_MAX_NOISE), max_degrees=VARIED_MAX_DEGREES)
-    return image, fields, "\n".join(lines), canvas.boxes
+    image = finish(canvas, rng, noise=rng.uniform(0, VARIED_MAX_NOISE), max_degrees=VARIED_MAX_DEGREES)
+    return image, fields, "\n".join(lines), canvas.boxes, canvas.glyphs
 
 
 # ---------------------------------------------------------------------- form
@@ -141,7 +142,7 @@ FORM_FIELDS = {  # label drawn -> (key in the JSON, value generator)
 }
 
 
-def form(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
+def form(rng: random.Random) -> Page:
     font = rng.choice(varied_fonts())
     n = rng.randint(3, 7)
     labels = rng.sample(sorted(FORM_FIELDS), n)
@@ -165,5 +166,5 @@ def form(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
         fields[key] = value
         lines.append(f"{lab}{sep} {value}")
         y += lh
-    image = finish(canvas.image, rng, noise=rng.uniform(0, 6))
-    return image, fields, "\n".join(lines), canvas.boxes
+    image = finish(canvas, rng, noise=rng.uniform(0, 6))
+    return image, fields, "\n".join(lines), canvas.boxes, canvas.glyphs

@@ -15,6 +15,7 @@ from longmoe.tasks.documents.draw import (
     INK,
     Box,
     Canvas,
+    Page,
     code,
     finish,
     line_height,
@@ -29,11 +30,11 @@ HARD_DEGREES = 3.0  # rotation range (±)
 
 
 def _finish_hard(canvas: Canvas, rng: random.Random) -> Any:
-    return finish(canvas.image, rng, noise=rng.uniform(*HARD_NOISE), max_degrees=HARD_DEGREES)
+    return finish(canvas, rng, noise=rng.uniform(*HARD_NOISE), max_degrees=HARD_DEGREES)
 
 
 # ---------------------------------------------------------------------- receipt
-def receipt(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
+def receipt(rng: random.Random) -> Page:
     font = rng.choice(varied_fonts())
     lh = line_height(font) + rng.randint(0, 2)
     n_items = rng.randint(2, 5)
@@ -64,7 +65,7 @@ def receipt(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
     canvas.text((x1 - text_size(font, total)[0], y), total, font, path="total")
     fields = {"store": store, "date": date, "items": items, "total": total}
     text = "\n".join([store, date, *(f"{n} {p}" for n, p in zip(names, prices)), f"TOTAL {total}"])
-    return _finish_hard(canvas, rng), fields, text, canvas.boxes
+    return _finish_hard(canvas, rng), fields, text, canvas.boxes, canvas.glyphs
 
 
 # ---------------------------------------------------------------------- table
@@ -79,7 +80,7 @@ TABLE_COLUMNS = {  # header -> value generator
 }
 
 
-def table(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
+def table(rng: random.Random) -> Page:
     font = rng.choice(varied_fonts())
     headers = rng.sample(sorted(TABLE_COLUMNS), rng.randint(2, 3))
     n_rows = rng.randint(2, 4)
@@ -110,7 +111,7 @@ def table(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
             rec[h.lower()] = v
         rows.append(rec)
     text = "\n".join([" | ".join(headers)] + [" | ".join(r) for r in cells])
-    return _finish_hard(canvas, rng), {"rows": rows}, text, canvas.boxes
+    return _finish_hard(canvas, rng), {"rows": rows}, text, canvas.boxes, canvas.glyphs
 
 
 # ---------------------------------------------------------------------- figure page
@@ -122,7 +123,7 @@ def _sentence(rng: random.Random, n: int) -> str:
     return " ".join(words).capitalize() + "."
 
 
-def figure_page(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]]:
+def figure_page(rng: random.Random) -> Page:
     font = rng.choice(varied_fonts())
     lh = line_height(font)
     width, height = 256, rng.choice((192, 224, 256))
@@ -182,4 +183,4 @@ def figure_page(rng: random.Random) -> tuple[Any, dict[str, Any], str, list[Box]
         [title, *before, f"[{kind} chart with {count} {'bars' if kind == 'bar' else 'points'}]",
          f"{label}{caption}", *after]
     )  # fmt: skip
-    return _finish_hard(canvas, rng), fields, text, canvas.boxes
+    return _finish_hard(canvas, rng), fields, text, canvas.boxes, canvas.glyphs
