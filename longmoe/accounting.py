@@ -16,7 +16,7 @@ from longmoe.layers.kda import KDALayer
 from longmoe.layers.mla import MLALayer
 from longmoe.layers.mlp import GLUMLP
 from longmoe.layers.moe import MoELayer
-from longmoe.layers.vision import VisionEncoder
+from longmoe.layers.vision import ConvPatchFeatures, VisionEncoder
 
 PARTS = (
     "embeddings",
@@ -76,6 +76,8 @@ def vision_accounting(cfg: ModelConfig) -> dict[str, Any] | None:
     width = cfg.d_model if v.encoder == "linear" else v.width
     tables = 2 * g * width  # row/column position tables: lookups, no FLOPs
     flops = 2 * (VisionEncoder.param_count(v, cfg.d_model) - tables)  # every other weight: one multiply-add
+    if v.encoder == "conv":  # the convolutions slide: their weights are used at every output position
+        flops += ConvPatchFeatures.flops_per_patch(v) - 2 * ConvPatchFeatures.param_count(v)
     if v.encoder == "vit":
         flops += v.depth * 4 * g * g * v.width  # QKᵀ and AV against every patch of the largest image
     return {

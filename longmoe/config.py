@@ -26,7 +26,7 @@ GLU_KINDS = ("swiglu", "geglu")
 BALANCERS = ("quantile", "sign", "aux", "none")
 DECAY_GATES = ("bounded", "softplus", "kimi")
 DTYPES = ("float32", "bfloat16")
-VISION_ENCODERS = ("linear", "vit")
+VISION_ENCODERS = ("linear", "vit", "conv")
 # id of ``<|image_patch|>`` in every longmoe tokenizer (its special tokens have fixed ids 0..11; see
 # data/tokenizer.py, whose tests check this): the model finds the positions it writes image
 # embeddings into by this id, without importing the data layer
@@ -133,9 +133,13 @@ class VisionConfig:
     The longer image side is scaled down to at most ``max_image_side`` pixels (aspect kept), then
     both sides are rounded to a multiple of ``patch_size`` (at least one patch), so an image costs at
     most ``(max_image_side / patch_size)²`` patch tokens plus its two markers. ``encoder``: "linear"
-    (one projection of a patch's pixels to ``d_model``) or "vit" (a bidirectional pre-norm
+    (one projection of a patch's pixels to ``d_model``), "vit" (a bidirectional pre-norm
     transformer of ``depth`` layers, ``width`` wide with ``heads`` heads, over the patches of one
-    image, then a projection to ``d_model``); ``width``/``depth``/``heads`` are used by "vit" only.
+    image, then a projection to ``d_model``) or "conv" (``depth`` 3×3 convolutions of
+    ``stem_channels`` at full resolution, then a stride-``patch_size`` convolution whose window is
+    the patch and half a patch around it, ``width`` channels, a residual GLU MLP, a projection to
+    ``d_model``: a patch's feature sees a glyph whole wherever it sits). ``width``, ``depth`` and
+    ``mlp_ratio`` are used by "vit" and "conv", ``heads`` by "vit", ``stem_channels`` by "conv".
     """
 
     patch_size: int = 8
@@ -144,11 +148,12 @@ class VisionConfig:
     width: int = 256
     depth: int = 2
     heads: int = 4
-    mlp_ratio: int = 4  # ViT MLP hidden = mlp_ratio * width
+    mlp_ratio: int = 4  # ViT / conv MLP hidden = mlp_ratio * width
+    stem_channels: int = 16  # conv: channels of the full-resolution 3x3 convolutions
 
     def validate(self) -> None:
         check_types(self, "vision.")
-        for n in ("patch_size", "max_image_side", "width", "depth", "heads", "mlp_ratio"):
+        for n in ("patch_size", "max_image_side", "width", "depth", "heads", "mlp_ratio", "stem_channels"):
             v = getattr(self, n)
             check(is_positive_int(v), f"vision.{n}", v, "a positive integer")
         check(self.encoder in VISION_ENCODERS, "vision.encoder", self.encoder, f"one of {VISION_ENCODERS}")

@@ -157,6 +157,12 @@ class LongMoE(nn.Module):
             if isinstance(m, MLALayer | MoELayer):
                 m.static_shapes = on
 
+    def token_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Next-token logits ``[..., vocab]`` of hidden states ``h`` ``[..., d_model]`` (final norm +
+        head): what the model would say on reading ``h``, e.g. a patch embedding (vision_extract's
+        patch-reading loss)."""
+        return self._head(h)
+
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:  # tied: the embedding table is the head [vocab, d]
             return F.linear(self.final_norm(h), self.embed.weight)

@@ -66,7 +66,7 @@ def greedy(m: LongMoE, logits: torch.Tensor, cache, steps: int) -> torch.Tensor:
     return torch.cat(outs, 1)
 
 
-@pytest.mark.parametrize("encoder", ["linear", "vit"])
+@pytest.mark.parametrize("encoder", ["linear", "vit", "conv"])
 @pytest.mark.parametrize("splits", [(7, 20, 100), (1, 2, 3, 50, 100), (30, 31, 32, 100)])
 def test_images_in_chunked_prefill_decode_like_one_forward(encoder, splits):
     """A prompt with two images (3×5 and 4×2 patches) prefilled in chunks that cut the image spans
@@ -157,14 +157,38 @@ def test_count_mismatch_and_text_only_errors():
     text_only(x)  # a text-only model reads the patch ids as ordinary tokens, as before
 
 
-def test_gradients_reach_the_vision_encoder():
-    m = model(cfg("vit")).train()
+@pytest.mark.parametrize("encoder", ["vit", "conv"])
+def test_gradients_reach_the_vision_encoder(encoder):
+    m = model(cfg(encoder)).train()
     p = patches(3, 2, 1)
     x = torch.tensor([prompt([p])])
     labels = torch.cat([x[:, 1:], torch.full((1, 1), -100)], 1)
     m(x, labels=labels, image_embeds=m.encode_images([p])).loss.backward()
     for name, q in m.vision.named_parameters():
         assert q.grad is not None and q.grad.abs().sum() > 0, name
+
+
+def test_conv_patch_sees_its_patch_and_half_a_patch_around_it():
+    """A conv patch embedding changes with a pixel inside its window (the patch, P/2 around it, plus
+    one pixel per stem convolution) and never with one outside it; a second image in the batch
+    (padding the first) changes nothing; the parameter count matches the modules."""
+    from longmoe.layers.vision import VisionEncoder
+
+    c = cfg("conv")
+    m = model(c)
+    P, reach = c.vision.patch_size, c.vision.patch_size // 2 + c.vision.depth
+    assert sum(q.numel() for q in m.vision.parameters()) == VisionEncoder.param_count(c.vision, c.d_model)
+    p = patches(5, 5, 7)
+    with torch.no_grad():
+        base = m.encode_images([p])[2 * 5 + 2]  # patch (2, 2): pixels y, x in 8..11
+        assert torch.allclose(m.encode_images([p, patches(6, 7, 8)])[: p.n], m.encode_images([p]), atol=1e-6)
+        for dist, changes in ((1, True), (reach, True), (reach + 1, False)):
+            q = Patches(p.pixels.clone(), 5, 5)
+            y, x = 2 * P + 1, 3 * P - 1 + dist  # a pixel `dist` to the right of the patch's last column
+            r, cc, py, px = y // P, x // P, y % P, x % P
+            q.pixels.view(25, 3, P, P)[r * 5 + cc, :, py, px] += 0.5
+            moved = not torch.allclose(m.encode_images([q])[2 * 5 + 2], base, atol=1e-6)
+            assert moved == changes, dist
 
 
 def test_vision_init_and_text_weights_unchanged_by_vision():
@@ -180,6 +204,12 @@ def test_vision_init_and_text_weights_unchanged_by_vision():
     assert tv.vision.blocks[0].attn_norm.weight.eq(1).all()
     assert abs(float(tv.vision.patch_proj.weight.detach().std()) - 0.02) < 0.004
     assert abs(float(tv.vision.row_embed.weight.detach().std()) - 0.02) < 0.006
+    torch.manual_seed(0)
+    cv = LongMoE(cfg("conv")).vision  # convolutions fan-in scaled, biases 0, the rest as above
+    w = cv.conv.stem[1].weight
+    assert abs(float(w.std()) - (2 / w[0].numel()) ** 0.5) < 0.1 * (2 / w[0].numel()) ** 0.5
+    assert cv.conv.patch.bias.eq(0).all() and cv.conv.norm.weight.eq(1).all()
+    assert abs(float(cv.out_proj.weight.std()) - 0.02) < 0.004
 
 
 def test_save_load_round_trip_with_vision(tmp_path):

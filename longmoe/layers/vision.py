@@ -11,6 +11,12 @@ ends. Each patch therefore gets a learned row embedding plus a learned column em
 (factorised 2-D: ``2 · max_grid`` vectors instead of ``max_grid²``, and a patch at row r means the
 same at any image width). The ViT option adds them before its bidirectional layers, so every patch
 also sees the whole image before the causal stack reads it.
+
+A linear projection sees a glyph that straddles a patch border as a different vector at every
+sub-patch offset, and only the part inside the patch. The conv option (``ConvPatchFeatures``)
+convolves the whole page at full resolution first and gives each patch a window of half a patch
+around it, so the patch that holds a glyph's centre sees all of it wherever it sits
+(docs/vision.md, "Reading varied layouts").
 """
 
 from __future__ import annotations
@@ -58,15 +64,74 @@ class ViTBlock(nn.Module):
         return 2 * w + 4 * w * w + GLUMLP.param_count(w, cfg.mlp_ratio * w)
 
 
+class ConvPatchFeatures(nn.Module):
+    """``list[Patches]`` → ``[Σ rows·cols, width]``: ``depth`` 3×3 convolutions (GELU) over each whole
+    page at full resolution, then a ``2P × 2P`` convolution of stride ``P`` (a patch plus ``P/2`` on
+    every side) and an RMS norm per patch feature, so content is not drowned by the position tables."""
+
+    def __init__(self, cfg: VisionConfig, eps: float) -> None:
+        super().__init__()
+        P, c = cfg.patch_size, cfg.stem_channels
+        self.P, self.halo = P, P // 2
+        self.stem = nn.ModuleList(nn.Conv2d(3 if i == 0 else c, c, 3, padding=1) for i in range(cfg.depth))
+        self.patch = nn.Conv2d(c, cfg.width, P + 2 * self.halo, stride=P, padding=self.halo)
+        self.norm = RMSNorm(cfg.width, eps)
+
+    def forward(self, images: Sequence[Patches], ref: torch.Tensor) -> list[torch.Tensor]:
+        P = self.P
+        H, W = max(p.rows for p in images) * P, max(p.cols for p in images) * P
+        x = ref.new_zeros(len(images), 3, H, W)  # [I, 3, H, W] ink (1 - pixel): padding is white paper
+        inside = ref.new_zeros(len(images), 1, H, W)  # 1 on each image's own pixels
+        for i, p in enumerate(images):  # the inverse of data.images.patchify's cut
+            page = p.pixels.to(ref.device, ref.dtype).view(p.rows, p.cols, 3, P, P)
+            x[i, :, : p.rows * P, : p.cols * P] = 1.0 - page.permute(2, 0, 3, 1, 4).reshape(3, p.rows * P, -1)
+            inside[i, :, : p.rows * P, : p.cols * P] = 1.0
+        for conv in self.stem:  # zero outside the page after every layer, as the convolution's own padding
+            x = F.gelu(conv(x)) * inside  # is: an image's features do not depend on the batch it came in
+        y = self.norm(self.patch(x).permute(0, 2, 3, 1))  # [I, H/P, W/P, width]
+        return [y[i, : p.rows, : p.cols].reshape(p.n, -1) for i, p in enumerate(images)]  # each [n_i, width]
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Fan-in (Kaiming) normal: GELU-fed stem convolutions with gain sqrt(2), the patch convolution
+        with gain 1 (a unit-scale page gives unit-scale features before the norm); biases 0."""
+        for conv in self.stem:
+            nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
+        nn.init.kaiming_normal_(self.patch.weight, nonlinearity="linear")
+        for conv in (*self.stem, self.patch):
+            nn.init.zeros_(conv.bias)
+        self.norm.weight.fill_(1.0)
+
+    @staticmethod
+    def param_count(cfg: VisionConfig) -> int:
+        c, k = cfg.stem_channels, cfg.patch_size + 2 * (cfg.patch_size // 2)
+        stem = (3 * 9 * c + c) + (cfg.depth - 1) * (c * 9 * c + c)
+        return stem + c * k * k * cfg.width + cfg.width + cfg.width
+
+    @staticmethod
+    def flops_per_patch(cfg: VisionConfig) -> int:
+        """Forward FLOPs per patch (2 per multiply-add): the stem runs at every pixel of the patch."""
+        c, k, P = cfg.stem_channels, cfg.patch_size + 2 * (cfg.patch_size // 2), cfg.patch_size
+        stem = P * P * 9 * c * (3 + (cfg.depth - 1) * c)
+        return 2 * (stem + c * k * k * cfg.width)
+
+
 class VisionEncoder(nn.Module):
-    """``list[Patches]`` → ``[Σ rows·cols, d_model]``: patch projection + row/column embeddings
-    (+ ViT layers with ``encoder="vit"``), images in order, each row-major."""
+    """``list[Patches]`` → ``[Σ rows·cols, d_model]``: patch projection (or the conv features) +
+    row/column embeddings (+ ViT layers with ``encoder="vit"``, a residual GLU MLP and a projection
+    with ``encoder="conv"``), images in order, each row-major."""
 
     def __init__(self, cfg: VisionConfig, d_model: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.cfg, self.d_model = cfg, d_model
         width = d_model if cfg.encoder == "linear" else cfg.width
-        self.patch_proj = nn.Linear(cfg.patch_dim, width, bias=False)
+        if cfg.encoder == "conv":
+            self.conv = ConvPatchFeatures(cfg, eps)
+            self.mlp_norm = RMSNorm(width, eps)
+            self.mlp = GLUMLP(width, cfg.mlp_ratio * width)
+            self.out_proj = nn.Linear(width, d_model, bias=False)
+        else:
+            self.patch_proj = nn.Linear(cfg.patch_dim, width, bias=False)
         self.row_embed = nn.Embedding(cfg.max_grid, width)
         self.col_embed = nn.Embedding(cfg.max_grid, width)
         if cfg.encoder == "vit":
@@ -77,10 +142,17 @@ class VisionEncoder(nn.Module):
     @torch.no_grad()
     def init_weights(self, std: float) -> None:
         """Projections ``N(0, std)`` (residual-writing ViT projections ``std / sqrt(2·depth)``), position
-        embeddings ``N(0, std)``, norms 1: the text stack's scheme (model.py)."""
+        embeddings ``N(0, std)``, norms 1: the text stack's scheme (model.py); convolutions fan-in."""
         out_std = std / math.sqrt(2 * self.cfg.depth)
-        for m in (self.patch_proj, self.row_embed, self.col_embed):
+        for m in (self.row_embed, self.col_embed):
             nn.init.normal_(m.weight, std=std)
+        if self.cfg.encoder == "conv":
+            self.conv.init_weights()
+            for m in (self.mlp.w_in, self.mlp.w_out, self.out_proj):
+                nn.init.normal_(m.weight, std=std)
+            self.mlp_norm.weight.fill_(1.0)
+        else:
+            nn.init.normal_(self.patch_proj.weight, std=std)
         if self.cfg.encoder == "vit":
             for b in self.blocks:
                 nn.init.normal_(b.qkv.weight, std=std)
@@ -118,12 +190,16 @@ class VisionEncoder(nn.Module):
             return w.new_zeros(0, self.d_model)
         for i, p in enumerate(images):
             self.check(p, i)
-        xs = [
-            self.patch_proj(p.pixels.to(w.device, w.dtype) - PIXEL_MEAN) + self._positions(p, w.device)
-            for p in images
-        ]  # each [n_i, width]
+        if self.cfg.encoder == "conv":
+            feats = self.conv(images, w)
+        else:
+            feats = [self.patch_proj(p.pixels.to(w.device, w.dtype) - PIXEL_MEAN) for p in images]
+        xs = [f + self._positions(p, w.device) for f, p in zip(feats, images)]  # each [n_i, width]
         if self.cfg.encoder == "linear":
             return torch.cat(xs)  # [N, d_model]
+        if self.cfg.encoder == "conv":
+            x = torch.cat(xs)  # [N, width]
+            return self.out_proj(x + self.mlp(self.mlp_norm(x)))  # [N, d_model]
         lens = [x.shape[0] for x in xs]
         x = nn.utils.rnn.pad_sequence(xs, batch_first=True)  # [I, L, width]
         key_mask = (
@@ -137,6 +213,9 @@ class VisionEncoder(nn.Module):
     @staticmethod
     def param_count(cfg: VisionConfig, d_model: int) -> int:
         width = d_model if cfg.encoder == "linear" else cfg.width
+        if cfg.encoder == "conv":
+            n = ConvPatchFeatures.param_count(cfg) + 2 * cfg.max_grid * width
+            return n + width + GLUMLP.param_count(width, cfg.mlp_ratio * width) + width * d_model
         n = cfg.patch_dim * width + 2 * cfg.max_grid * width
         if cfg.encoder == "vit":
             n += cfg.depth * ViTBlock.param_count(cfg) + width + width * d_model
