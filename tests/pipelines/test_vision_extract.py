@@ -4,19 +4,30 @@ the saved model readable by ``longmoe eval --tasks extract``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 
 import pytest
 import torch
 
 from longmoe.cli import main as cli_main
 from longmoe.config import IGNORE_INDEX
+from longmoe.data.images import patchify
 from longmoe.eval.extract.local import decode_documents, prompt_ids
+from longmoe.eval.extract.textgrid import text_grid
 from longmoe.pipelines.vision_extract.__main__ import main
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig, quick
-from longmoe.pipelines.vision_extract.data import char_tokenizer, make_rows, train_batch, train_seed
+from longmoe.pipelines.vision_extract.data import (
+    char_tokenizer,
+    make_rows,
+    reading_targets,
+    train_batch,
+    train_seed,
+)
 from longmoe.pipelines.vision_extract.train import build_model
 from longmoe.tasks.documents import HELD_OUT_SEED_BASE, render
+from longmoe.tasks.documents.forms import EASY_VALUE_COL
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +114,15 @@ def test_cli_overrides_and_errors(capsys):
         "text",
         "--control-lrs",
         "1e-3,2e-2",
+        "--encoder",
+        "linear",
+        "--read-weight",
+        "0.5",
+        "--seed",
+        "3",
     ]
     rc = load_config(parse_args(argv))
+    assert rc.encoder == "linear" and rc.read_weight == 0.5 and rc.seed == 3
     assert rc.steps == 9 and rc.mix == {"form_easy": 1.0, "form": 0.5} and not rc.text_control
     assert rc.control_steps == 4 and rc.control_inputs == "text" and rc.control_lrs == [1e-3, 2e-2]
     assert main(["--quick", "--mix", "poster=1"]) == 2
@@ -124,6 +142,78 @@ def test_config_errors_name_the_field():
         VisionExtractConfig(control_inputs="pixels")
     with pytest.raises(ValueError, match="control_lrs="):
         VisionExtractConfig(control_lrs=[0.0])
+    with pytest.raises(ValueError, match="read_weight="):
+        VisionExtractConfig(read_weight=-1.0)
+    with pytest.raises(ValueError, match="conv_stem=0"):
+        VisionExtractConfig(conv_stem=0)
+    with pytest.raises(ValueError, match="vision.encoder"):
+        VisionExtractConfig(encoder="mlp")
+
+
+def test_reading_targets_name_the_characters_each_patch_holds(tok):
+    """form_easy: patch (r, c) reads the character drawn in cell (r, c), a space elsewhere; form_varied:
+    every glyph is read by exactly one patch, the one holding its centre after the resize; a text grid:
+    each cell its character. Every target row is a distribution."""
+    model = build_model(dataclasses.replace(quick(), patch_size=8))
+    P, V, sp = 8, model.cfg.vocab_size, tok.encode(" ")[0]
+    d = render("form_easy", 4)
+    p = patchify(d.image, model.cfg.vision)
+    t = reading_targets(d, p, "image", P, tok, V)
+    assert t.shape == (p.n, V) and torch.allclose(t.sum(-1), torch.ones(p.n))
+    for r, line in enumerate(d.text.split("\n")):
+        label, value = line.split(": ")
+        cells = {c: ch for c, ch in enumerate(label + ":")}
+        cells.update({EASY_VALUE_COL + j: ch for j, ch in enumerate(value)})
+        for c in range(p.cols):
+            k = r * p.cols + c
+            assert t[k].argmax() == tok.encode(cells.get(c, " "))[0] and t[k].max() == 1
+    d = render("form_varied", 6)
+    p = patchify(d.image, model.cfg.vision)
+    t = reading_targets(d, p, "image", P, tok, V)
+    read = (t * (t[:, sp : sp + 1] == 0)).sum(0)  # glyph patches only: how much of each character is read
+    for ch in {g.char for g in d.glyphs}:
+        n = sum(g.char == ch for g in d.glyphs)
+        assert 0 < float(read[tok.encode(ch)[0]]) <= n, ch
+    assert torch.allclose(t.sum(-1), torch.ones(p.n))
+    g = text_grid(d.text, model.cfg.vision)
+    t = reading_targets(d, g, "text_grid", P, tok, V)
+    for r, line in enumerate(d.text.split("\n")):
+        for c in range(g.cols):
+            assert t[r * g.cols + c].argmax() == tok.encode(line[c] if c < len(line) else " ")[0]
+
+
+def test_reading_loss_is_cross_entropy_through_the_tied_head(tok):
+    """With one-hot targets the reading loss is the usual cross-entropy of the head's logits; a batch
+    of images carries one target row per patch, and a training step lowers the reading loss."""
+    import torch.nn.functional as F
+
+    from longmoe.pipelines.vision_extract.train import _step, reading_loss
+    from longmoe.train.optim import param_groups
+
+    model = build_model(quick())
+    b = train_batch({"form_easy": 1.0, "form_varied": 1.0}, 0, 4, 0, tok, model, "image", text_rows=1)
+    assert b.reads.shape == (sum(p.n for p in b.images), model.cfg.vocab_size)
+    emb = model.encode_images(b.images)
+    ids = b.reads.argmax(-1)
+    one_hot = F.one_hot(ids, model.cfg.vocab_size).float()
+    assert torch.allclose(reading_loss(model, emb, one_hot), F.cross_entropy(model.token_logits(emb), ids))
+    opt = torch.optim.AdamW(param_groups(model, 0.0), lr=1e-2)
+    first = [_step(model, opt, b, read_weight=1.0)[1] for _ in range(5)]
+    assert first[-1] < first[0]
+    assert math.isnan(_step(model, opt, b, read_weight=0.0)[1])  # off: not computed
+
+
+def test_the_text_grid_control_reads_codes_with_the_linear_projector(tmp_path):
+    """A control's grid cells are character codes, not pixels: its model's encoder is linear on 8-px
+    cells (a code per ASCII character) even when the image model's is conv on 4-px patches."""
+    from longmoe.pipelines.vision_extract.train import train_extractor
+
+    rc = dataclasses.replace(quick(), steps=1, control_steps=1, curve_every=1, curve_n=1, patch_size=4)
+    assert rc.encoder == "conv"
+    model, _ = train_extractor(rc, char_tokenizer(), tmp_path / "c", "text_grid", log=lambda m: None)
+    assert model.cfg.vision.encoder == "linear" and model.cfg.vision.patch_size == 8  # codes up to 190
+    model, _ = train_extractor(rc, char_tokenizer(), tmp_path / "i", "image", log=lambda m: None)
+    assert model.cfg.vision.encoder == "conv" and model.cfg.vision.patch_size == 4
 
 
 def test_text_grid_puts_each_character_in_its_row_and_column_cell(tok):

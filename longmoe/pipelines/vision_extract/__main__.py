@@ -27,6 +27,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--mix",
         help="training families and weights, e.g. form=1,table=0.5 (default: form_easy=1,form_varied=1)",
     )
+    p.add_argument(
+        "--encoder", choices=("conv", "linear", "vit"), help="the image model's patch encoder (default: conv)"
+    )
+    p.add_argument(
+        "--read-weight", type=float, help="weight of the patch-reading loss (default 1; 0 = answer loss only)"
+    )
+    p.add_argument("--seed", type=int, help="seed of the model init and the training pages (default 0)")
     p.add_argument("--no-control", action="store_true", help="skip the text-only control")
     p.add_argument("--control-steps", type=int, help="steps of the text-only control (default: --steps)")
     p.add_argument(
@@ -63,6 +70,9 @@ def load_config(args: argparse.Namespace) -> VisionExtractConfig:
         d["threads"] = args.threads
     if args.mix is not None:
         d["mix"] = _mix(args.mix)
+    for name in ("encoder", "read_weight", "seed"):
+        if getattr(args, name) is not None:
+            d[name] = getattr(args, name)
     if args.control_steps is not None:
         d["control_steps"] = args.control_steps
     if args.control_inputs is not None:

@@ -1,8 +1,8 @@
 """The recipe's settings: the tiny model, the training budget, what is evaluated, the two controls.
 
 Defaults are the full run (form_easy + form_varied; its target is form_varied field F1 >= 0.9 on
-held-out renders, not met at these defaults: docs/vision.md "Results"); ``quick()`` is a smoke run of
-seconds for tests.
+held-out renders: docs/vision.md "Results" says what these defaults reach); ``quick()`` is a smoke run
+of seconds for tests.
 """
 
 from __future__ import annotations
@@ -19,14 +19,18 @@ VOCAB = MIN_VOCAB  # the character-level tokenizer (data.char_tokenizer)
 
 @dataclass
 class VisionExtractConfig(JsonConfig):
-    # the model (a small dense-FFN LongMoE with a linear patch projector)
-    d_model: int = 64  # init_std 0.1 ~ 1/sqrt(d_model): off the copy plateau in ~1,000 steps (docs/vision.md)
+    # the model (a small dense-FFN LongMoE with a convolutional patch encoder)
+    d_model: int = 64  # init_std 0.1 ~ 1/sqrt(d_model)
     n_layers: int = 2
     layer_pattern: str = "LM"
     heads: int = 2
     init_std: float = 0.1
     patch_size: int = 8
-    encoder: str = "linear"
+    # "conv": full-resolution convolutions, each patch's window a patch plus half a patch around it
+    # (a glyph straddling patches is seen whole); "linear": one projection of a patch's pixels; "vit"
+    encoder: str = "conv"
+    conv_width: int = 64  # encoder="conv": patch feature channels (GLU MLP hidden 2x)
+    conv_stem: int = 2  # encoder="conv": 3x3 convolutions of 16 channels at full resolution
     vit_width: int = 64  # encoder="vit" only: bidirectional layers over a page's patches
     vit_depth: int = 2
     vit_heads: int = 2
@@ -34,12 +38,16 @@ class VisionExtractConfig(JsonConfig):
     # training (main model on images; the text-only control gets the same steps, batch and lr)
     # form_easy (glyphs on the patch grid) next to form_varied (the target: the same content, layout varied)
     mix: dict[str, float] = field(default_factory=lambda: {"form_easy": 1.0, "form_varied": 1.0})
-    steps: int = 2000
+    steps: int = 3000
     batch_size: int = 32
     # rows of each main-model batch that show their document as text instead of pixels: the copying
     # circuit learnt on text is then reused for patches once a glyph's patch embedding lines up with its
     # character's token embedding (0 = images only). The text control never sees images.
     text_rows: int = 0
+    # weight of the patch-reading loss: each patch embedding, read through the output head, should
+    # say the characters whose centre it holds (a space for none; data.reading_targets), so the
+    # encoder writes a glyph where copying it is one attention step (0 = the answer loss alone)
+    read_weight: float = 1.0
     lr: float = 1e-2
     warmup_steps: int = 50
     weight_decay: float = 0.01
@@ -76,6 +84,7 @@ class VisionExtractConfig(JsonConfig):
 
     def __post_init__(self) -> None:
         positive = ("d_model", "n_layers", "heads", "patch_size", "max_image_side", "steps", "batch_size",
+                    "conv_width", "conv_stem",
                     "threads", "checkpoint_every", "curve_every", "curve_n", "eval_n", "eval_n_hard",
                     "pretrain_steps", "pretrain_seq_len", "pretrain_batch",
                     "pretrain_val_batches")  # fmt: skip
@@ -99,6 +108,8 @@ class VisionExtractConfig(JsonConfig):
                 raise ValueError(f"{n}={getattr(self, n)!r} is invalid: expected a number > 0")
         if self.warmup_steps < 0 or self.pretrain_image_rows < 0 or self.weight_decay < 0:
             raise ValueError("warmup_steps, pretrain_image_rows and weight_decay must be >= 0")
+        if not (isinstance(self.read_weight, (int, float)) and self.read_weight >= 0):
+            raise ValueError(f"read_weight={self.read_weight!r} is invalid: expected a number >= 0")
         if self.control_inputs not in ("text", "text_grid"):
             raise ValueError(f"control_inputs={self.control_inputs!r} is invalid: expected text or text_grid")
         if any(not (isinstance(x, (int, float)) and x > 0) for x in self.control_lrs):
@@ -126,10 +137,16 @@ class VisionExtractConfig(JsonConfig):
             mla_heads=self.heads, mla_q_lora_rank=0, mla_kv_lora_rank=self.d_model, mla_head_dim=head,
             mla_v_head_dim=head, attn_res=False, attn_res_blocks=self.n_layers, init_std=self.init_std,
             ffn=FFNConfig(kind="dense", dense_hidden=2 * self.d_model),
-            vision=VisionConfig(patch_size=self.patch_size, max_image_side=self.max_image_side,
-                                encoder=self.encoder, width=self.vit_width, depth=self.vit_depth,
-                                heads=self.vit_heads) if vision else None,
+            vision=self.vision_config() if vision else None,
         )  # fmt: skip
+
+    def vision_config(self) -> VisionConfig:
+        size = {"patch_size": self.patch_size, "max_image_side": self.max_image_side}
+        if self.encoder == "conv":
+            return VisionConfig(**size, encoder="conv", width=self.conv_width, depth=self.conv_stem,
+                                mlp_ratio=2, stem_channels=16)  # fmt: skip
+        return VisionConfig(**size, encoder=self.encoder, width=self.vit_width, depth=self.vit_depth,
+                            heads=self.vit_heads)  # fmt: skip
 
     def eval_count(self, family: str) -> int:
         return self.eval_n if family in self.mix else self.eval_n_hard

@@ -8,6 +8,13 @@ seeds are ``step * batch_size + i`` on each family, all below ``HELD_OUT_SEED_BA
 
 The tokenizer is byte-level BPE with no merges (``char_tokenizer``): one token per character, so
 copying a value from the page is one patch -> one token.
+
+Each image (or text grid) also carries its *reading targets* (``reading_targets``): what each patch
+should read through the model's own output head, the characters whose centre lies in it (a
+space for none). The recipe's patch-reading loss (``VisionExtractConfig.read_weight``) trains the
+encoder to write a glyph's patch where the head reads that character, so that copying it to the answer
+is one attention step; without it, lining the two up had to be found through the answer loss alone,
+which at this model size happened at some seeds and not at others (docs/vision.md).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
 from longmoe.tasks.documents import HELD_OUT_SEED_BASE, Document, render
 
+SPACE = " "  # what a patch with no glyph centre reads
+
 
 def char_tokenizer() -> Tokenizer:
     """Specials + the 256 byte symbols, no merges: a character-level byte tokenizer."""
@@ -36,6 +45,33 @@ class Batch:
     labels: torch.Tensor  # [B, T], already shifted
     images: list[Patches]  # one per row for image inputs, none for text inputs
     n_target: int  # label tokens (JSON + eos) in the batch
+    reads: torch.Tensor | None = None  # [Σ patches, vocab] reading targets of ``images`` (rows sum to 1)
+
+
+def reading_targets(doc: Document, patches: Patches, kind: str, patch_size: int, tok: Tokenizer,
+                    vocab: int) -> torch.Tensor:  # fmt: skip
+    """``[rows·cols, vocab]``: the characters each patch of ``doc``'s image holds the centre of
+    (``Document.glyphs``, scaled as ``patchify`` resized the page), equally weighted, or a space; for a
+    ``text_grid`` (``eval.extract.textgrid``) the character of each cell."""
+    cells: dict[int, list[int]] = {}
+    if kind == "text_grid":
+        for r, line in enumerate(doc.text.split("\n")[: patches.rows]):
+            for c, ch in enumerate(line[: patches.cols]):
+                cells[r * patches.cols + c] = [ch]
+    else:
+        w, h = doc.image.size
+        sx, sy = patches.cols * patch_size / w, patches.rows * patch_size / h
+        for g in doc.glyphs:
+            r, c = int(g.y * sy // patch_size), int(g.x * sx // patch_size)
+            if 0 <= r < patches.rows and 0 <= c < patches.cols:
+                cells.setdefault(r * patches.cols + c, []).append(g.char)
+    t = torch.zeros(patches.n, vocab)
+    t[:, tok.encode(SPACE)[0]] = 1.0
+    for k, chars in cells.items():
+        ids = [i for ch in chars for i in tok.encode(ch)]  # one id per character (char_tokenizer, ASCII)
+        t[k] = 0.0
+        t[k].index_add_(0, torch.tensor(ids), torch.full((len(ids),), 1.0 / len(ids)))
+    return t
 
 
 def make_rows(
@@ -96,4 +132,9 @@ def train_batch(
     kinds = [inputs] * batch_size
     if inputs == "image" and text_rows:
         kinds[batch_size - text_rows :] = ["text"] * text_rows
-    return collate(*make_rows(docs, tok, model, kinds), pad_id=tok.pad_id)
+    b = collate(*make_rows(docs, tok, model, kinds), pad_id=tok.pad_id)
+    if b.images:
+        shown = [(d, k) for d, k in zip(docs, kinds) if k != "text"]  # the rows with an image, in order
+        P, V = model.cfg.vision.patch_size, model.cfg.vocab_size
+        b.reads = torch.cat([reading_targets(d, p, k, P, tok, V) for (d, k), p in zip(shown, b.images)])
+    return b

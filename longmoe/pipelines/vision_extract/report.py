@@ -41,8 +41,9 @@ def control_text(result: VisionExtractResult, main_steps: int) -> list[str]:
         return []
     kind = ch["inputs"] if ch else c.inputs
     what = (
-        "the page's text laid out as a character grid (line = row, character = column) through the same "
-        "encoder, so each character gets the row/column embeddings a patch gets"
+        "the page's text laid out as a character grid (line = row, character = column) through a linear "
+        "projector of each cell's character code (a character embedding) with the row/column embeddings a "
+        "patch gets, and the same patch-reading loss (each cell reads its character)"
         if kind == "text_grid"
         else "the page's text as a plain token stream (no positions)"
     )
@@ -86,7 +87,8 @@ def markdown(result: VisionExtractResult, rc: VisionExtractConfig) -> str:
         "# vision_extract: image -> JSON on rendered documents",
         "",
         f"Model: d_model {rc.d_model}, {rc.n_layers} layers ({rc.layer_pattern}), {rc.encoder} patch encoder "
-        f"({rc.patch_size}-px patches), {m.params:,} parameters; trained from scratch on {rc.mix} for "
+        f"({rc.patch_size}-px patches), {m.params:,} parameters; patch-reading loss weight {rc.read_weight}; "
+        f"trained from scratch on {rc.mix} for "
         f"{m.steps} steps of {rc.batch_size} in {m.seconds / 60:.1f} min ({rc.threads} thread(s)).",
         "",
         f"**{fam} held-out field F1: {verdict}.**",

@@ -8,6 +8,7 @@ of the step, so a resumed run sees the batches it would have seen.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import random
@@ -34,6 +35,7 @@ from longmoe.train.config import TrainConfig
 from longmoe.train.optim import lr_at, param_groups
 from longmoe.train.rng import seed_everything
 
+CONTROL_PATCH = 8  # the text controls' grid cell: a one-hot code of 3 * 8 * 8 entries
 CURVE_OFFSET = 50_000_000  # held-out block of the training curve (the final evaluation uses offset 0)
 GRAD_CLIP = 1.0
 CKPT = "ckpt.pt"
@@ -46,20 +48,41 @@ def build_model(rc: VisionExtractConfig, vision: bool = True) -> LongMoE:
     return LongMoE(rc.model_config(vision=vision))
 
 
+def control_config(rc: VisionExtractConfig) -> VisionExtractConfig:
+    """A text control's model settings: its grid cells are character codes, not pixels, so its
+    encoder is the linear projector (a character embedding) on 8-px "patches" (192 code slots:
+    ``textgrid`` gives every character from 0 to 190 its own), whatever the image model reads with."""
+    return dataclasses.replace(rc, encoder="linear", patch_size=CONTROL_PATCH)
+
+
 def _save_ckpt(path: Path, state: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     tmp.replace(path)  # atomic: a killed run leaves the previous checkpoint
 
 
-def _step(model: LongMoE, opt: torch.optim.Optimizer, b: Batch) -> float:
+def reading_loss(model: LongMoE, emb: torch.Tensor, reads: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each patch embedding ``emb`` ``[N, d]``, read through the model's head,
+    against its reading targets ``reads`` ``[N, vocab]`` (``data.reading_targets``), mean over patches."""
+    return -(reads * model.token_logits(emb).float().log_softmax(-1)).sum(-1).mean()
+
+
+def _step(
+    model: LongMoE, opt: torch.optim.Optimizer, b: Batch, read_weight: float = 0.0
+) -> tuple[float, float]:
+    """One optimiser step on the answer loss (+ ``read_weight`` × the patch-reading loss where the
+    batch has images): ``(answer loss, reading loss or nan)``."""
     emb = model.encode_images(b.images) if b.images else None
     out = model(b.input_ids, labels=b.labels, image_embeds=emb)
+    loss, read = out.ce_loss, None
+    if read_weight > 0 and emb is not None and b.reads is not None:
+        read = reading_loss(model, emb, b.reads)
+        loss = loss + read_weight * read
     opt.zero_grad(set_to_none=True)
-    out.ce_loss.backward()
+    loss.backward()
     nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     opt.step()
-    return float(out.ce_loss.detach())
+    return float(out.ce_loss.detach()), float("nan") if read is None else float(read.detach())
 
 
 def curve_family(rc: VisionExtractConfig) -> str:
@@ -95,7 +118,7 @@ def train_extractor(
     if run_file.is_file() and is_model_dir(model_dir):
         model = load_model(model_dir).model
         return model, TrainRun(**json.loads(run_file.read_text()))
-    model = build_model(rc, vision=True)
+    model = build_model(rc if inputs == "image" else control_config(rc), vision=True)
     opt = torch.optim.AdamW(param_groups(model, rc.weight_decay), lr=rc.lr, betas=(0.9, 0.98))
     total = (rc.control_steps or rc.steps) if inputs != "image" else rc.steps
     sched = TrainConfig(lr=rc.lr, warmup_steps=rc.warmup_steps, schedule="cosine")
@@ -106,19 +129,19 @@ def train_extractor(
         opt.load_state_dict(st["opt"])
         step, seconds, curve = st["step"], st["seconds"], st["curve"]
         log(f"{out.name}: resuming at step {step}")
-    t0, loss = time.perf_counter() - seconds, float("nan")
+    t0, loss, read = time.perf_counter() - seconds, float("nan"), float("nan")
     model.train()
     while step < total:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, sched, total)
         b = train_batch(rc.mix, step, rc.batch_size, rc.seed, tok, model, inputs, rc.text_rows)
-        loss = _step(model, opt, b)
+        loss, read = _step(model, opt, b, rc.read_weight)
         step += 1
         if step % rc.curve_every == 0 or step == total:
             f1 = curve_f1(model, tok, rc, inputs)
             curve.append([step, round(loss, 4), round(f1, 4)])
-            log(f"{out.name}: step {step}/{total} loss {loss:.3f} held-out F1 {f1:.3f} "
-                f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+            log(f"{out.name}: step {step}/{total} loss {loss:.3f} reading loss {read:.3f} held-out F1 "
+                f"{f1:.3f} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
         if step % rc.checkpoint_every == 0 and step < total:
             state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "curve": curve,
                      "seconds": time.perf_counter() - t0}  # fmt: skip
