@@ -1,12 +1,13 @@
 """Vision input cost: image tokens per image and encode cost vs image size (linear patch projector vs
-the small ViT encoder, in the same run), and training throughput of mixed text+image batches vs
-text-only batches of the same token count (the same model, interleaved rounds).
+the small ViT encoder vs the conv encoder, in the same run), and training throughput of mixed
+text+image batches vs text-only batches of the same token count (the same model, interleaved rounds).
 
 ``python -m bench.vision [--quick]`` writes ``bench/results/vision.json`` and ``vision.md``.
 
 - Tokens: ``VisionConfig.image_tokens`` (patches + two markers) after the resize rule.
 - Encode: ``VisionEncoder`` forward on a batch of same-size images; reported per image and as the
-  ViT / linear ratio.
+  ViT / linear and conv / linear ratios (conv: the vision_extract recipe's, 2 full-resolution 3x3
+  layers of 16 channels, 16x16 stride-8 windows, width 64).
 - Mixed batches: a ``tiny``-sized model with a vision encoder; the text-only batch is ``B x T`` random
   token ids, the mixed one the same shape with a ``form_easy``-sized image span in every row (patch
   positions filled by ``encode_images``, whose cost is included). Reported as tokens/s and the
@@ -36,7 +37,9 @@ D_MODEL = 128
 def encoders() -> dict[str, VisionEncoder]:
     lin = VisionConfig(patch_size=8, max_image_side=256, encoder="linear")
     vit = VisionConfig(patch_size=8, max_image_side=256, encoder="vit", width=128, depth=2, heads=4)
-    out = {"linear": VisionEncoder(lin, D_MODEL), "vit": VisionEncoder(vit, D_MODEL)}
+    conv = VisionConfig(patch_size=8, max_image_side=256, encoder="conv", width=64, depth=2, mlp_ratio=2)
+    out = {"linear": VisionEncoder(lin, D_MODEL), "vit": VisionEncoder(vit, D_MODEL),
+           "conv": VisionEncoder(conv, D_MODEL)}  # fmt: skip
     for e in out.values():
         e.init_weights(0.02)
         e.eval()
@@ -62,10 +65,10 @@ def encode_rows(n_images: int, iters: int) -> tuple[list[dict], list[list]]:
         tokens = cfg.image_tokens(h, w)
         res.append({"height": h, "width": w, "resized": [rh, rw], "tokens": tokens,
                     "linear_us_per_image": t["linear"] * 1e6, "vit_us_per_image": t["vit"] * 1e6,
-                    "vit_over_linear": t["vit"] / t["linear"]})  # fmt: skip
-        rows.append(
-            [f"{h}x{w}", f"{rh}x{rw}", tokens, t["linear"] * 1e6, t["vit"] * 1e6, t["vit"] / t["linear"]]
-        )
+                    "conv_us_per_image": t["conv"] * 1e6, "vit_over_linear": t["vit"] / t["linear"],
+                    "conv_over_linear": t["conv"] / t["linear"]})  # fmt: skip
+        rows.append([f"{h}x{w}", f"{rh}x{rw}", tokens, t["linear"] * 1e6, t["vit"] * 1e6, t["conv"] * 1e6,
+                     t["vit"] / t["linear"], t["conv"] / t["linear"]])  # fmt: skip
     return res, rows
 
 
@@ -77,8 +80,9 @@ def tiny_model(encoder: str) -> LongMoE:
             kda_heads=2, kda_head_dim=64, kda_gate_rank=16, mla_heads=2, mla_q_lora_rank=0,
             mla_kv_lora_rank=D_MODEL, mla_head_dim=64, mla_v_head_dim=64, attn_res_blocks=4,
             ffn=FFNConfig(kind="dense", dense_hidden=2 * D_MODEL),
-            vision=VisionConfig(patch_size=8, max_image_side=256, encoder=encoder, width=128, depth=2,
-                                heads=4),
+            vision=VisionConfig(patch_size=8, max_image_side=256, encoder=encoder,
+                                width=64 if encoder == "conv" else 128, depth=2, heads=4,
+                                mlp_ratio=2 if encoder == "conv" else 4),
         )
     )  # fmt: skip
 
@@ -117,7 +121,7 @@ def _mixed_one(encoder: str, batch: int, seq: int, rounds: int, tok: Tokenizer) 
 
 def mixed_rows(batch: int, seq: int, rounds: int) -> tuple[list[dict], list[list]]:
     tok = Tokenizer.train([], MIN_VOCAB)
-    res = [_mixed_one(e, batch, seq, rounds, tok) for e in ("linear", "vit")]
+    res = [_mixed_one(e, batch, seq, rounds, tok) for e in ("linear", "vit", "conv")]
     rows = [[r["encoder"], f"{batch}x{seq}", r["image_tokens_per_row"], r["text_tokens_per_s"],
              r["mixed_tokens_per_s"], r["mixed_over_text"]] for r in res]  # fmt: skip
     return res, rows
@@ -137,8 +141,12 @@ def main(argv: list[str] | None = None) -> int:
                                rounds=1 if args.quick else 5)  # fmt: skip
     md = (
         "Image tokens and encode cost per image (8-px patches, images up to 256 px a side; a 2-layer ViT "
-        "128 wide vs the linear projector, d_model 128)\n\n"
-        + markdown_table(["image", "resized", "tokens", "linear µs", "ViT µs", "ViT / linear"], enc_rows)
+        "128 wide and the conv encoder (two full-resolution 3x3 layers of 16 channels, 16x16 stride-8 "
+        "windows, width 64) vs the linear projector, d_model 128)\n\n"
+        + markdown_table(
+            ["image", "resized", "tokens", "linear µs", "ViT µs", "conv µs", "ViT / linear", "conv / linear"],
+            enc_rows,
+        )  # fmt: skip
         + "\n\nTraining step throughput, forward+backward, mixed text+image rows vs text-only rows of the "
         "same shape (4-layer LLLM, d_model 128; encode cost included)\n\n"
         + markdown_table(
