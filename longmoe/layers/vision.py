@@ -16,7 +16,7 @@ A linear projection sees a glyph that straddles a patch border as a different ve
 sub-patch offset, and only the part inside the patch. The conv option (``ConvPatchFeatures``)
 convolves the whole page at full resolution first and gives each patch a window of half a patch
 around it, so the patch that holds a glyph's centre sees all of it wherever it sits
-(docs/vision.md, "Reading varied layouts").
+(docs/vision.md, "Off the copy plateau").
 """
 
 from __future__ import annotations
