@@ -144,6 +144,8 @@ def test_config_errors_name_the_field():
         VisionExtractConfig(control_lrs=[0.0])
     with pytest.raises(ValueError, match="read_weight="):
         VisionExtractConfig(read_weight=-1.0)
+    with pytest.raises(ValueError, match="read_weight=inf"):  # an infinite loss would train on nan
+        VisionExtractConfig(read_weight=math.inf)
     with pytest.raises(ValueError, match="conv_stem=0"):
         VisionExtractConfig(conv_stem=0)
     with pytest.raises(ValueError, match="vision.encoder"):

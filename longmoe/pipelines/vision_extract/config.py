@@ -7,6 +7,7 @@ of seconds for tests.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from longmoe.config import FFNConfig, ModelConfig, VisionConfig
@@ -108,8 +109,8 @@ class VisionExtractConfig(JsonConfig):
                 raise ValueError(f"{n}={getattr(self, n)!r} is invalid: expected a number > 0")
         if self.warmup_steps < 0 or self.pretrain_image_rows < 0 or self.weight_decay < 0:
             raise ValueError("warmup_steps, pretrain_image_rows and weight_decay must be >= 0")
-        if not (isinstance(self.read_weight, (int, float)) and self.read_weight >= 0):
-            raise ValueError(f"read_weight={self.read_weight!r} is invalid: expected a number >= 0")
+        if not (isinstance(self.read_weight, (int, float)) and 0 <= self.read_weight < math.inf):
+            raise ValueError(f"read_weight={self.read_weight!r} is invalid: expected a finite number >= 0")
         if self.control_inputs not in ("text", "text_grid"):
             raise ValueError(f"control_inputs={self.control_inputs!r} is invalid: expected text or text_grid")
         if any(not (isinstance(x, (int, float)) and x > 0) for x in self.control_lrs):
