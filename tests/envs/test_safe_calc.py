@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longmoe.envs.safe_calc import MAX_EXPR_CHARS, CalcError, evaluate, format_number
+from longmoe.envs.safe_calc import MAX_ABS, MAX_EXPR_CHARS, CalcError, evaluate, format_number
 
 
 @pytest.mark.parametrize(
@@ -90,24 +90,32 @@ def test_non_string_is_refused() -> None:
 
 
 _ints = st.integers(min_value=0, max_value=999)
+
+
+def _apply(a: tuple[str, int, int], op: str, b: tuple[str, int, int]) -> tuple[str, int, int]:
+    """(expression, exact value, largest magnitude of any intermediate result)."""
+    v = a[1] + b[1] if op == "+" else a[1] - b[1] if op == "-" else a[1] * b[1]
+    return f"({a[0]} {op} {b[0]})", v, max(a[2], b[2], abs(v))
+
+
 _exprs = st.recursive(
-    _ints.map(lambda n: (str(n), n)),
-    lambda sub: st.tuples(sub, st.sampled_from("+-*"), sub).map(
-        lambda t: (
-            f"({t[0][0]} {t[1]} {t[2][0]})",
-            t[0][1] + t[2][1] if t[1] == "+" else t[0][1] - t[2][1] if t[1] == "-" else t[0][1] * t[2][1],
-        )
-    ),
+    _ints.map(lambda n: (str(n), n, n)),
+    lambda sub: st.tuples(sub, st.sampled_from("+-*"), sub).map(lambda t: _apply(*t)),
     max_leaves=6,
 )
 
 
 @settings(max_examples=150, deadline=None)
 @given(_exprs)
-def test_matches_integer_arithmetic(pair: tuple[str, int]) -> None:
-    """Fully parenthesised + - * trees over small integers evaluate to their exact value."""
-    expr, value = pair
-    assert evaluate(expr) == value
+def test_matches_integer_arithmetic(pair: tuple[str, int, int]) -> None:
+    """Fully parenthesised + - * trees over small integers evaluate to their exact value; a tree
+    with an intermediate result beyond MAX_ABS (six factors of up to 999 reach 10^18) is refused."""
+    expr, value, peak = pair
+    if peak > MAX_ABS:
+        with pytest.raises(CalcError, match="too large"):
+            evaluate(expr)
+    else:
+        assert evaluate(expr) == value
 
 
 @pytest.mark.parametrize("expr", ["1and 2", "3if 1 else 2", "1__0"])
