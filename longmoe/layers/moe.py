@@ -181,9 +181,13 @@ class MoELayer(nn.Module):
         grad = torch.is_grad_enabled() and (z.requires_grad or w.requires_grad or w_in.requires_grad)
         if not grad and one_token_compiled(z):  # a compiled batch-1 CPU step: threaded reductions
             return gathered_reduction(z, idx, w, w_in, w_out, self.cfg.glu)
-        if idx.numel() <= DECODE_MAX_PAIRS and not grad:  # decode: the chosen experts' weights only
-            return decode_experts(z, idx, w, w_in, w_out, self.cfg.glu)
         static = shape_static(self)
+        # decode: the chosen experts' weights only. Under static shapes (a compiled step) at *any* pair
+        # count: the batch is symbolic there, and a branch on N·k would guard it, so a batch past
+        # DECODE_MAX_PAIRS / k would recompile into the untraced dispatch, which fullgraph refuses (the
+        # failure `--compile` serving hit at 32 clients with top-4 routing). The op is one opaque node.
+        if not grad and (static or idx.numel() <= DECODE_MAX_PAIRS):
+            return decode_experts(z, idx, w, w_in, w_out, self.cfg.glu)
         if static and idx.numel() <= DECODE_MAX_PAIRS:  # the same, with autograd: gathered
             return gather_experts(z, idx, w, w_in, w_out, self.cfg.glu)
         if static:

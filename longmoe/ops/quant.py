@@ -169,15 +169,35 @@ def quantized_linear(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     x2 = x.reshape(-1, shape[-1])
     if x2.dtype != qw.scales.dtype:
         x2 = x2.to(qw.scales.dtype)
-    if qw.mode == "int8" and x2.shape[0] > KERNEL_MAX_ROWS:
-        y = F.linear(x2, qw.qweight.to(x2.dtype) * qw.scales[:, None])  # dequantize once, then a GEMM
+    if qw.mode == "int8" and torch.compiler.is_compiling() and x2.shape[0] != 1:
+        # a compiled ``B >= 2`` step, whose batch is symbolic: a branch on the rows here would guard it
+        # (the step would recompile past KERNEL_MAX_ROWS), so the choice is made at run time in one op.
+        # (``B == 1`` is static: the kernel call stays visible to the one-row pass, gemv_pass.py.)
+        y = _int8_linear_op(x2, qw.qweight, qw.scales)
     elif qw.mode == "int8":
-        y = torch.ops.aten._weight_int8pack_mm(x2, qw.qweight, qw.scales)
+        y = _int8_linear(x2, qw.qweight, qw.scales)
     else:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, qw.qweight, qw.group_size, qw.scales)
         if y.shape[-1] != qw.out_features:
             y = y[:, : qw.out_features]
     return y.reshape(*shape[:-1], qw.out_features).to(x.dtype)
+
+
+def _int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ (q [N, K] int8 · scales [N])ᵀ -> [M, N]: the kernel for a few rows, else one GEMM."""
+    if x.shape[0] > KERNEL_MAX_ROWS:
+        return F.linear(x, q.to(x.dtype) * scales[:, None])  # dequantize once, then a GEMM
+    return torch.ops.aten._weight_int8pack_mm(x, q, scales)
+
+
+@torch.library.custom_op("longmoe::int8_linear", mutates_args=())
+def _int8_linear_op(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return _int8_linear(x, q, scales)
+
+
+@_int8_linear_op.register_fake
+def _int8_linear_shape(x, q, scales):  # noqa: ANN001, ANN202 (the op's schema)
+    return x.new_empty(x.shape[0], q.shape[0])
 
 
 def reference_linear(

@@ -57,6 +57,49 @@ def test_steady_decode_never_recompiles():
     assert stats["compiled_graphs"] == 2 and stats["compile_seconds"] > 0
 
 
+@pytest.mark.parametrize("quant", [None, "int8"])
+def test_batched_decode_compiles_once_for_every_batch_size_1_to_64_on_kimi_shaped_moe(quant):
+    """Top-4 of 16 experts with a shared expert (Kimi's routing shape): 64 requests whose lengths all
+    differ, so the decode batch passes through every size from 64 down to 1. The ``B >= 2`` graph
+    compiles once and serves them all with eager's tokens. (It used to guard on N·k <= 64 pairs, so
+    B = 17 recompiled into the untraced sorted dispatch, which fullgraph refuses: every request of the
+    step ended with ``finish_reason: "error"``, as ``--compile`` serving did at 32 clients.)"""
+    from longmoe.config import FFNConfig
+    from longmoe.quantize import quantize_model
+
+    ffn = FFNConfig(kind="moe", n_experts=16, top_k=4, n_shared=1, latent_ratio=2, expert_hidden=32)
+    kimi = {**SMALL, "ffn": ffn}
+    n = 64
+    prompts = [f"x{i} = {i}" for i in range(n)]
+    lengths = [80 + i for i in range(n)]  # all admitted before the first finishes, then one leaves a step
+
+    def engine() -> Engine:
+        m = tiny_model(0, **kimi)
+        if quant:
+            quantize_model(m, quant)
+        return Engine(m, tokenizer_for_tests(VOCAB), EngineConfig(prefill_chunk=16, max_batch=n))
+
+    with engine() as ref:
+        want = _tokens(ref, prompts, lengths)
+    torch._dynamo.reset()
+    e = engine()
+    e.compiled = CompiledSteps(e.model, backend="eager")
+    seen: set[int] = set()
+    run = e.compiled._run
+
+    def spy(kind, x, cache):
+        seen.add(x.shape[0])
+        return run(kind, x, cache)
+
+    e.compiled._run = spy
+    got = _tokens(e, prompts, lengths)
+    stats = e.stats()
+    e.close()
+    assert seen == set(range(1, n + 1))
+    assert got == want
+    assert stats["recompiles"] == 0 and stats["compiled_graphs"] == 2, stats
+
+
 def test_capacity_buckets_between_powers_of_two_never_recompile():
     """A context growing from ~950 past 1024 tokens moves through the 1/16-octave buckets (960 ... 1152): the
     capacity is symbolic, so no bucket compiles again, and the tokens are eager's."""
