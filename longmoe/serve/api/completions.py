@@ -20,7 +20,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from longmoe.serve.api.errors import APIError
-from longmoe.serve.api.generation import constraint, respond, sampling_params, submit, usage, usage_of
+from longmoe.serve.api.generation import (
+    constraint,
+    count_error,
+    failure,
+    respond,
+    sampling_params,
+    submit,
+    usage,
+    usage_of,
+)
 from longmoe.serve.api.intake import read_request
 from longmoe.serve.api.protocol import CompletionRequest
 from longmoe.serve.api.state import ServerState, server_state
@@ -99,6 +108,10 @@ async def _generate(request: Request, ids: list[int], params: SamplingParams) ->
     except BaseException:
         h.cancel()
         raise
+    err = failure(ev.done)
+    if err is not None:
+        count_error(request, err)
+        raise err
     return ev.done
 
 

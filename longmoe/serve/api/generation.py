@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from longmoe.layers.vision import Patches
-from longmoe.serve.api.errors import APIError
+from longmoe.serve.api.errors import APIError, error_body
 from longmoe.serve.api.protocol import GenerationRequest
 from longmoe.serve.api.state import server_state
 from longmoe.serve.engine import RequestHandle
@@ -114,6 +114,22 @@ async def submit(
     return h, q
 
 
+def count_error(request: Request, err: APIError) -> None:
+    server_state(request).metrics.count_error(err.code or err.type)
+
+
+def failure(c: Completion) -> APIError | None:
+    """What a completion the engine ended without an answer is for the client (None: it answered).
+    ``finish_reason`` ``"error"`` is no value OpenAI clients know: a failed engine step is a 500 in the
+    error shape; a request the engine dropped while closing is a 503 the client may retry."""
+    if c.finish_reason == "error":
+        detail = c.error or "no detail"
+        return APIError(500, f"the engine failed while generating ({detail})", None, "engine_error")
+    if c.finish_reason == "cancelled":
+        return APIError(503, "the server is shutting down; retry the request", None, "server_shutting_down")
+    return None
+
+
 def usage_of(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
     """OpenAI's ``usage``: ``prompt_tokens_details.cached_tokens`` counts the prompt tokens the
     engine did not prefill (a prefix snapshot or a session's kept row held them)."""
@@ -164,6 +180,13 @@ async def respond(
             while not done:
                 ev = await q.get()
                 done = ev.done is not None
+                err = failure(ev.done) if ev.done is not None else None
+                if err is not None:  # an error event, never a chunk with finish_reason "error"
+                    if ev.delta:  # text that made it out before the failure
+                        yield sse(chunk(ev.delta, None))
+                    count_error(request, err)
+                    yield sse(error_body(err))
+                    break
                 if events is not None:
                     for c in events(ev):
                         yield sse(c)
@@ -191,6 +214,10 @@ async def _whole(request: Request, h: RequestHandle, q: asyncio.Queue[Event], fi
                 return JSONResponse({"error": "client disconnected"}, status_code=499)
             ev = get.result()
             if ev.done is not None:
+                err = failure(ev.done)
+                if err is not None:
+                    count_error(request, err)
+                    raise err
                 return JSONResponse(final(ev.done))
     finally:
         gone.cancel()

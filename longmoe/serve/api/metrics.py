@@ -15,6 +15,8 @@ from longmoe.serve.api.state import server_state
 from longmoe.serve.engine import Engine
 from longmoe.serve.request import FINISH_REASONS
 
+ERROR_CODES = ("engine_error", "server_shutting_down")  # always exported (0 until one happens)
+
 _SERIES = [  # (name, kind, help, engine.stats() key)
     ("requests_total", "counter", "requests submitted to the engine", "requests"),
     ("prompt_tokens_total", "counter", "prompt tokens submitted", "prompt_tokens"),
@@ -59,6 +61,13 @@ def render(metrics: HTTPMetrics, engine: Engine) -> str:
     with metrics.lock:
         for (route, status), n in sorted(metrics.requests.items()):
             lines.append(f'longmoe_http_requests_total{{route="{route}",status="{status}"}} {n}')
+        errors = dict(metrics.errors)
+    lines += [
+        "# HELP longmoe_request_errors_total admitted requests that failed, by error type.",
+        "# TYPE longmoe_request_errors_total counter",
+    ]
+    for code in sorted({*ERROR_CODES, *errors}):
+        lines.append(f'longmoe_request_errors_total{{type="{code}"}} {errors.get(code, 0)}')
     for name, kind, help_, key in _SERIES:
         n = f"longmoe_{name}"
         lines += [f"# HELP {n} {help_}", f"# TYPE {n} {kind}", f"{n} {s[key]}"]

@@ -26,11 +26,16 @@ def route_label(path: str) -> str:
 class HTTPMetrics:
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, int]] = Counter()
+        self.errors: Counter[str] = Counter()  # requests that failed after admission, by error code
         self.lock = threading.Lock()
 
     def count(self, route: str, status: int) -> None:
         with self.lock:
             self.requests[(route, status)] += 1
+
+    def count_error(self, code: str) -> None:
+        with self.lock:
+            self.errors[code] += 1
 
 
 class CountResponses:
