@@ -28,10 +28,13 @@ from longmoe.cache import MLAState, Packing
 from longmoe.config import ModelConfig
 from longmoe.layers.norm import RMSNorm
 from longmoe.layers.shapes import shape_static
-from longmoe.ops.attention import causal_after_prefix, packed_causal_attention
+from longmoe.ops.attention import causal_after_prefix, latent_attention, packed_causal_attention
 
 DECODE_PATHS = ("auto", "absorbed", "naive")
 FOLD_MAX_QUERIES = 256  # absorbed attention: heads·tokens up to which heads fold into one query axis
+# rows of differing lengths, decode-sized call: one masked call over at most this many cached rows (the
+# unfused kernel's [B, H·T, S] scores stay small) instead of one fused call per row (host work per row)
+MASKED_MAX_ROWS = 16384
 
 
 class MLALayer(nn.Module):
@@ -92,32 +95,42 @@ class MLALayer(nn.Module):
         """``x [B, T, d]``. With ``state`` the new cache rows are appended after ``seq_lens [B]`` per row."""
         B, T, _ = x.shape
         q, c, gate = self.project(x)  # [B, H, T, Dk], [B, T, d_c + d_r], [B, T, H*Dv]
-        mask, causal = None, False
+        mask, causal, starts = None, False, None
         static = shape_static(self)  # read once: the layout and the attention below must agree
         if state is None:
             ctx = c  # [B, S=T, d_c + d_r]
             causal = packing is None  # packed documents: block-diagonal causal, see below
             path = "naive"
+        elif static:
+            ctx, mask = self._append_static(state, c, seq_lens)  # [B, cap, d_c + d_r], [B, 1, T, cap]
+            path = self.cached_path(T)
         else:
-            append = self._append_static if static else self._append
-            ctx, mask = append(state, c, seq_lens)  # [B, S, d_c + d_r], [B, 1, T, S] or None
+            ctx, starts = self._append(state, c, seq_lens)  # [B, S, d_c + d_r], cached rows per row
             path = self.cached_path(T)
         if path == "naive":
             k, v = self.expand_kv(ctx)  # [B, H, S, Dk], [B, H, S, Dv]
             if state is None and packing is not None:  # per document, no [T, T] mask (ops/)
                 o = packed_causal_attention(q, k, v, packing.cu_seqlens, scale=self.scale)
-            elif mask is not None and mask.shape[0] == 1 and not static:
-                # every row continues after the same prefix (_append's aligned case): no mask needed
-                o = causal_after_prefix(q, k, v, ctx.shape[1] - T, scale=self.scale)
+            elif starts is not None:  # per row: its cached prefix, then causal (no [T, S] mask, ops/)
+                o = self._per_row(starts, T, q, lambda b, p: causal_after_prefix(
+                    q[b], k[b, :, : p + T], v[b, :, : p + T], p, scale=self.scale))  # fmt: skip
             else:
                 o = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale
                 )
         elif path == "absorbed":
-            o = self._attend_absorbed(q, ctx, mask)  # [B, H, T, Dv]
+            o = self._attend_absorbed(q, ctx, mask, starts)  # [B, H, T, Dv]
         else:
             raise ValueError(f"decode_path: expected one of {DECODE_PATHS}, got {path!r}")
         return self.output(o, gate)
+
+    @staticmethod
+    def _per_row(starts: list[int], T: int, q: torch.Tensor, attend) -> torch.Tensor:  # noqa: ANN001
+        """``attend(rows, prefix)`` once for all rows when they share one cached length (``starts`` has one
+        entry), else per row ``b`` (``attend(slice(b, b + 1), starts[b])``): ``[B, H, T, D]``."""
+        if len(starts) == 1:
+            return attend(slice(None), starts[0])
+        return torch.cat([attend(slice(b, b + 1), p) for b, p in enumerate(starts)])
 
     def cached_path(self, T: int) -> str:
         """How a call of ``T`` new tokens attends against a cache. Per cache row, the absorbed path
@@ -130,17 +143,21 @@ class MLALayer(nn.Module):
         naive = self.d_c * (self.Dq + self.Dv) + T * (self.Dk + self.Dv)
         return "naive" if naive < 2 * T * (self.d_c + self.d_r) else "absorbed"
 
-    def _attend_absorbed(self, q: torch.Tensor, ctx: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """Attend ``q [B, H, T, Dk]`` directly against the cache rows ``ctx [B, S, d_c + d_r]`` (mask
-        ``[B|1, 1, T, S]`` or None) -> ``[B, H, T, Dv]``.
+    def _attend_absorbed(
+        self, q: torch.Tensor, ctx: torch.Tensor, mask: torch.Tensor | None, starts: list[int] | None
+    ) -> torch.Tensor:
+        """Attend ``q [B, H, T, Dk]`` directly against the cache rows ``ctx [B, S, d_c + d_r]`` ->
+        ``[B, H, T, Dv]``: after ``starts`` cached rows per row (one entry: every row), or under ``mask
+        [B, 1, T, S]`` (static shapes).
 
-        Every head attends over the *same* rows. For a decode-sized call (``H·T ≤ FOLD_MAX_QUERIES``)
-        the heads are folded into the query axis (``[B, 1, H·T, d_c + d_r]``, one "head" of ``H·T``
-        queries), so the cache is read once, not once per head (through a stride-0 per-head view the
-        CPU kernel copies it ``H`` times: 4× the whole decode step at 16K context). A long chunk keeps
-        the per-head view, whose mask broadcasts instead of being repeated ``H`` times. Values are the
-        whole rows and the output keeps the first ``d_c`` columns (the latent ``c``): ``d_r`` extra
-        columns of work instead of a strided copy of the cache.
+        Every head attends over the *same* rows, so the heads fold into the query axis and the cache is
+        read once, not once per head (through a stride-0 per-head view the CPU kernel copies it ``H``
+        times: 4x the whole decode step at 16K context). Eager calls go through ``latent_attention``
+        (``ops/attention/latent.py``: fused, no ``[T, S]`` mask, the cached length split over threads);
+        the static-shape (compiled) call keeps one masked attention over the whole buffer, folded for
+        decode-sized calls (``H·T ≤ FOLD_MAX_QUERIES``). Values are the whole rows and the output keeps
+        the first ``d_c`` columns (the latent ``c``): ``d_r`` extra columns of work instead of a strided
+        copy of the cache.
         """
         B, H, T, _ = q.shape
         w_uk, w_uv = self._w_uk_uv()
@@ -148,7 +165,13 @@ class MLALayer(nn.Module):
         if self.d_r:  # keys [c | k_r] against [W_ukᵀ q | q_r]
             q_abs = torch.cat([q_abs, q[..., self.Dq :]], dim=-1)  # [B, H, T, d_c + d_r]
         C, S = ctx.shape[-1], ctx.shape[1]
-        if H * T <= FOLD_MAX_QUERIES:
+        if starts is not None and len(starts) > 1 and H * T <= FOLD_MAX_QUERIES and S <= MASKED_MAX_ROWS:
+            mask = self._row_mask(starts, T, S, ctx.device)  # a short batched decode: one masked call
+            starts = None
+        if starts is not None:
+            o_lat = self._per_row(starts, T, q_abs, lambda b, p: latent_attention(
+                q_abs[b], ctx[b, : p + T], p, scale=self.scale))  # fmt: skip
+        elif H * T <= FOLD_MAX_QUERIES:
             kv = ctx.unsqueeze(1)  # [B, 1, S, C]
             if mask is not None:  # query (h, t) has query t's mask
                 mask = mask.expand(mask.shape[0], H, T, S).reshape(mask.shape[0], 1, H * T, S)
@@ -197,30 +220,30 @@ class MLALayer(nn.Module):
         return self.o_proj(o.reshape(B, T, H * Dv))
 
     @staticmethod
-    def _append(
-        state: MLAState, c: torch.Tensor, seq_lens: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _row_mask(starts: list[int], T: int, S: int, device: torch.device) -> torch.Tensor:
+        """``[B, 1, T, S]``: query ``t`` of row ``b`` sees rows ``j ≤ starts[b] + t``."""
+        pos = torch.tensor(starts, device=device)[:, None] + torch.arange(T, device=device)[None, :]  # [B, T]
+        return (torch.arange(S, device=device)[None, None, :] <= pos[:, :, None])[:, None]
+
+    @staticmethod
+    def _append(state: MLAState, c: torch.Tensor, seq_lens: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """Write the cache rows ``c [B, T, d_c + d_r]`` after each row's ``seq_lens`` and return
-        ``(context, mask)``."""
+        ``(context [B, max(seq_lens) + T, d_c + d_r], starts)``: ``starts`` the cached length of every
+        row, one entry when all rows are aligned (then the attention needs no per-row work)."""
         B, T, _ = c.shape
         lens = seq_lens.to(c.device)
-        lo, hi = int(lens.min()), int(lens.max())
+        starts = [int(n) for n in lens.tolist()]
+        lo, hi = min(starts), max(starts)
         S = hi + T
         state.ensure_capacity(S)
         c = c.to(state.buf.dtype)
-        if lo == hi:  # all rows aligned: a slice write, and a mask only when T > 1
+        if lo == hi:  # all rows aligned: a slice write
             state.buf[:, hi:S] = c
-            ctx = state.buf[:, :S]
-            if T == 1:
-                return ctx, None
-            i = torch.arange(T, device=c.device)[:, None]
-            j = torch.arange(S, device=c.device)[None, :]
-            return ctx, (j <= hi + i)[None, None]  # [1, 1, T, S]
+            return state.buf[:, :S], [hi]
         pos = lens[:, None] + torch.arange(T, device=c.device)[None, :]  # [B, T]
         rows = torch.arange(B, device=c.device)[:, None].expand(B, T)
         state.buf[rows, pos] = c
-        j = torch.arange(S, device=c.device)[None, None, :]
-        return state.buf[:, :S], (j <= pos[:, :, None])[:, None]  # [B, 1, T, S]
+        return state.buf[:, :S], starts
 
     @staticmethod
     def _append_static(

@@ -7,6 +7,7 @@ import torch
 
 from longmoe.cache import MLAState, Packing
 from longmoe.config import ModelConfig
+from longmoe.layers import mla
 from longmoe.layers.mla import MLALayer
 from tests.helpers.models import small_cfg
 
@@ -98,6 +99,28 @@ def test_rows_of_different_lengths_decode_exactly(path):
         out = m(nxt, st, lens)
     assert (out[0] - full[0, 9:11]).abs().max() < TOL
     assert (out[1] - full[1, 4:6]).abs().max() < TOL
+
+
+@pytest.mark.parametrize("path", ["naive", "absorbed"])
+@pytest.mark.parametrize(("T", "masked_max"), [(1, 0), (1, 16384), (90, 16384)])
+def test_rows_of_different_lengths_per_row_or_masked(path, T, masked_max, monkeypatch):
+    """Rows at different cached lengths: the per-row fused calls (a long chunk, or a decode step over a
+    long cache) and the one masked call (a short decode step) both give each row's own result."""
+    monkeypatch.setattr(mla, "MASKED_MAX_ROWS", masked_max)
+    m = layer(5)
+    m.decode_path = path
+    x = torch.randn(2, 130, 32)
+    lens = [30, 7]
+    with torch.no_grad():
+        full = m(x)
+        st = MLAState(torch.zeros(2, 30, 8))
+        for b, n in enumerate(lens):
+            sb = m.new_state(1, x.device, x.dtype)
+            m(x[b : b + 1, :n], sb, torch.zeros(1, dtype=torch.long))
+            st.buf[b, :n] = sb.buf[0, :n]
+        out = m(torch.stack([x[b, n : n + T] for b, n in enumerate(lens)]), st, torch.tensor(lens))
+    for b, n in enumerate(lens):
+        assert (out[b] - full[b, n : n + T]).abs().max() < TOL
 
 
 def test_packed_documents_do_not_attend_across():
