@@ -34,6 +34,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-batch", type=int, default=32, help="requests decoded together (default 32)")
     p.add_argument(
+        "--max-context", type=int, default=None,
+        help="tokens a request may hold, prompt + completion; longer prompts are refused with an error "
+        "(default: the model's max_seq_len; NoPE + KDA run past it, e.g. 1048576 for a 1M window)",
+    )  # fmt: skip
+    p.add_argument(
         "--cache-budget-mb", type=float, default=1024.0, help="cache memory for all requests, MiB (1024)"
     )
     p.add_argument(
@@ -82,6 +87,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         device=args.device,
         prefill_chunk=args.prefill_chunk,
         max_batch=args.max_batch,
+        max_context=args.max_context,
         cache_budget_bytes=int(args.cache_budget_mb * 2**20),
         quantize=args.quantize,
         quantize_head=args.quantize_head,
