@@ -28,10 +28,11 @@ import os
 import re
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
-from bench.common import RESULTS, ROOT, bench_tokenizer, markdown_table, write_results
+from bench.common import RESULTS, ROOT, bench_tokenizer, markdown_table, provenance, write_results
 from bench.cpu_floor import active_bytes, read_bandwidth, rss_bytes
 from longmoe.cache import KDAState, MLAState
 from longmoe.memory import cache_accounting
@@ -347,6 +348,95 @@ def prefill_table(res: dict) -> str:
     return markdown_table(header, rows)
 
 
+# ------------------------------------------------------------------------------------------------ http
+def _status(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return int(re.search(key + r":\s+(\d+)", fh.read()).group(1)) * 1024
+
+
+def run_http(lengths: list[int], rounds: int, threads: int) -> dict:
+    """Each prompt (token ids) through ``longmoe serve`` (a child process, ``--max-context`` and
+    ``--max-body-kb`` raised, no prefix snapshots): time to the first streamed token as the client
+    sees it, and the server's peak RSS rise during the request."""
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    import httpx
+
+    from longmoe.checkpoint import save_model_dir
+
+    samples: dict = {n: {"ttft_s": [], "peak_rise": []} for n in lengths}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = save_model_dir(Path(tmp) / "tiny", tiny_model(), bench_tokenizer(512))
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = sk.getsockname()[1]
+        longest = max(lengths)
+        cmd = [sys.executable, "-m", "longmoe", "serve", "--model", str(model_dir), "--port", str(port),
+               "--max-context", str(longest + 64), "--max-body-kb", str(longest * 8 // 1024 + 64),
+               "--prefill-chunk", str(CHUNK), "--no-prefix-cache", "--log-level", "warning",
+               "--cache-budget-mb", str(max(1024, longest * 2 // 1024))]  # fmt: skip
+        # the server returns freed memory (LONGMOE_MALLOC_TUNE=0): else each request's rise counts only
+        # the growth past the earlier requests' high-water mark
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "LONGMOE_MALLOC_TUNE": "0"}
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    if httpx.get(url + "/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("longmoe serve did not come up")
+                time.sleep(0.5)
+            for r in range(rounds):
+                for n in lengths:
+                    ids = torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(n + r)).tolist()
+                    body = {"model": "tiny", "prompt": ids, "max_tokens": 4, "temperature": 0, "stream": True,
+                            "ignore_eos": True}  # fmt: skip
+                    before = _status(proc.pid, "VmRSS")
+                    with open(f"/proc/{proc.pid}/clear_refs", "w") as fh:
+                        fh.write("5")
+                    t0, ttft = time.perf_counter(), None
+                    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=7200) as resp:
+                        resp.raise_for_status()
+                        for line in resp.iter_lines():
+                            if ttft is None and line.startswith("data: {"):
+                                ttft = time.perf_counter() - t0
+                    samples[n]["ttft_s"].append(ttft)
+                    samples[n]["peak_rise"].append(_status(proc.pid, "VmHWM") - before)
+                    print("http", r, n, {k: v[-1] for k, v in samples[n].items()}, flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    rows = {n: {k: spread(v) for k, v in s.items()} for n, s in samples.items()}
+    for n, row in rows.items():
+        row["prefill_tok_s"] = spread([n / t for t in samples[n]["ttft_s"]])
+    return {
+        "rows": rows,
+        "threads": threads,
+        "chunk": CHUNK,
+        "load_avg": load(),
+        "server_malloc_tuned": False,
+    }
+
+
+def http_table(res: dict) -> str:
+    header = ["prompt tokens", "n", "TTFT s [min, max]", "prefill tok/s", "server peak RSS rise MB"]
+    rows = []
+    for n, r in res["rows"].items():
+        t = r["ttft_s"]
+        rows.append([f"{int(n) // K}K" + ("" if t["n"] > 1 else " (1 sample)"), t["n"],
+                     f"{t['median']:.1f} [{t['min']:.1f}, {t['max']:.1f}]", r["prefill_tok_s"]["median"],
+                     r["peak_rise"]["median"] / 1e6])  # fmt: skip
+    return markdown_table(header, rows)
+
+
 # ------------------------------------------------------------------------------------------------ main
 def plot(res: dict) -> None:
     from longmoe.plotting import pyplot
@@ -373,7 +463,11 @@ def plot(res: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("part", choices=("decode", "prefill"), help="what to measure")
+    p.add_argument(
+        "part",
+        choices=("decode", "prefill", "http", "tables"),
+        help="what to measure (tables: rewrite the tables and plot from bench/results/long_context.json)",
+    )
     p.add_argument("--lengths", default=None, help="comma-separated token counts")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (3)")
     p.add_argument("--steps", type=int, default=16, help="decode steps timed per sample (16)")
@@ -391,10 +485,14 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else default
     path = RESULTS / "long_context.json"
     old = json.loads(path.read_text()) if path.exists() else {}
-    res = {k: old[k] for k in ("decode", "prefill", "prefill_prefix_cache") if k in old}
+    res = {k: old[k] for k in ("decode", "prefill", "prefill_prefix_cache", "http") if k in old}
     t0 = time.process_time()
     if args.part == "decode":
         res["decode"] = run_decode(lengths, args.rounds, args.steps)
+    elif args.part == "http":
+        res["http"] = run_http(lengths, args.rounds, args.threads)
+    elif args.part == "tables":
+        pass
     else:
         new = run_prefill(lengths, args.rounds, args.new_tokens, args.prefix_cache)
         key = "prefill_prefix_cache" if args.prefix_cache else "prefill"
@@ -403,7 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         new["rows"] = dict(sorted(new["rows"].items(), key=lambda kv: int(kv[0])))
         res[key] = new
     part = "prefill_prefix_cache" if args.part == "prefill" and args.prefix_cache else args.part
-    res[part]["cpu_seconds"] = time.process_time() - t0
+    if part != "tables":  # each part keeps the provenance of the run that measured it
+        res[part]["cpu_seconds"] = time.process_time() - t0
+        res[part]["provenance"] = provenance()
     tables = []
     if "decode" in res:
         tables.append(
@@ -420,6 +520,19 @@ def main(argv: list[str] | None = None) -> int:
         tables.append(
             "The same with prefix snapshots on (the engine's default): what a long prompt leaves "
             "resident:\n\n" + prefill_table(res["prefill_prefix_cache"])
+        )
+    if "http" in res:
+        tables.append(
+            "Prefill through `longmoe serve` (HTTP, streamed; time to the first token as the client sees "
+            f"it), {res['http']['threads']} threads under contention"
+            + (
+                "; the server kept freed memory for reuse in this run, so a request's RSS rise counts only "
+                "growth past the earlier requests' peak (the first row's first sample is the true rise)"
+                if res["http"].get("server_malloc_tuned", True)
+                else ""
+            )
+            + ":\n\n"
+            + http_table(res["http"])
         )
     plot(res)
     write_results("long_context", res, "\n\n".join(tables) + "\n\n![decode by length](img/long_context.png)")

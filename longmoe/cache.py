@@ -31,7 +31,7 @@ from typing import Self
 
 import torch
 
-_MIN_CAPACITY = 64  # initial MLA latent slots per row; grows by doubling (amortised O(1) appends)
+_MIN_CAPACITY = 64  # initial MLA latent slots per row; grows by capacity buckets (1/16 octave)
 
 
 BUCKETS_PER_OCTAVE = 16  # capacity buckets between consecutive powers of two (Cache.reserve)
@@ -199,10 +199,12 @@ class MLAState(LayerState):
     buf: torch.Tensor
 
     def ensure_capacity(self, n: int) -> None:
+        """Room for ``n`` tokens per row: the next capacity bucket (``capacity_bucket``: at most 1/8
+        over ``n``), not a doubling, which at a 1M-token prompt would hold up to 2x the live latents."""
         cap = self.buf.shape[1]
         if n <= cap:
             return
-        new_cap = max(n, 2 * cap, _MIN_CAPACITY)
+        new_cap = capacity_bucket(n)
         buf = self.buf.new_zeros(self.buf.shape[0], new_cap, self.buf.shape[2])
         buf[:, :cap] = self.buf
         self.buf = buf

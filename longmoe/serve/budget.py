@@ -6,7 +6,7 @@ each layer's state reports its own share (``LayerState.spec``). The
 ``CacheBudget`` reserves, at admission, the fixed part plus enough ``block_size``-token blocks of
 per-token state for the request's whole life (prompt + ``max_tokens``), so a running request never runs out
 and nothing needs preempting; a request that cannot fit even alone is rejected, one that cannot fit
-now waits. Physically the latents live in the ``Cache`` tensors (grown by doubling); the blocks are
+now waits. Physically the latents live in the ``Cache`` tensors (grown by capacity buckets); the blocks are
 the unit of accounting, and ``Cache.nbytes()`` reports what is actually live.
 
 Prefix-reuse snapshots (``serve/prefix_cache.py``) live in the same budget as ``snapshot_bytes``: they
