@@ -69,15 +69,15 @@ def test_serve_token_limit_and_body_limit(model_dir):
 
 @pytest.mark.parametrize("room_mib", [1, 24])
 def test_prefix_snapshots_of_a_long_prompt_stay_inside_the_budget(room_mib):
-    """A 16K-token prompt fed in 2,048-token chunks offers one snapshot node per chunk, each holding the
-    recurrent states at its 128 block boundaries (~8 MB on the tiny preset: 64 MB for the prompt; at
+    """An 8K-token prompt fed in 2,048-token chunks offers one snapshot node per chunk, each holding the
+    recurrent states at its 128 block boundaries (~8 MB on the tiny preset: 32 MB for the prompt; at
     256K tokens ~1 GB, which is what a long request left resident under the default 1 GiB budget).
     The prefix cache keeps only what the budget's free room allows (evicting, or refusing a node), the
     request still completes, and reservations plus snapshots never exceed the budget."""
     model = tiny_model(max_seq_len=32 * 1024)
     spec = CacheSpec.of(model)
-    budget = spec.bytes_for(16_400, 16) + (room_mib << 20)  # the request, and room for some snapshots
-    cfg = EngineConfig(prefill_chunk=2048, max_context=17_000, cache_budget_bytes=budget, block_size=16)
+    budget = spec.bytes_for(8_200, 16) + (room_mib << 20)  # the request, and room for some snapshots
+    cfg = EngineConfig(prefill_chunk=2048, max_context=8_200, cache_budget_bytes=budget, block_size=16)
     with Engine(model, tokenizer_for_tests(), cfg) as engine:
         store, seen = engine.prefix.store, []
 
@@ -87,11 +87,11 @@ def test_prefix_snapshots_of_a_long_prompt_stay_inside_the_budget(room_mib):
             return ok
 
         engine.prefix.store = checked_store
-        ids = [3 + i % 400 for i in range(16_384)]
+        ids = [3 + i % 400 for i in range(8_192)]
         c = engine.generate(ids, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
         assert c.completion_tokens == 2
         rep = engine.prefix.report()
-        assert rep["prefix_snapshots_stored"] >= 1 and len(seen) >= 16_384 // 2048
+        assert rep["prefix_snapshots_stored"] >= 1 and len(seen) >= 8_192 // 2048
         assert max(seen) <= budget  # at every store: the request's reservation + snapshots fit
         assert rep["prefix_snapshot_bytes"] == sum(n.nbytes for n in engine.prefix.nodes.values())
         assert engine.budget.reserved_bytes + engine.budget.snapshot_bytes <= budget
