@@ -348,6 +348,36 @@ def prefill_table(res: dict) -> str:
     return markdown_table(header, rows)
 
 
+# -------------------------------------------------------------------------------------------------- op
+@torch.no_grad()
+def run_op(rows_n: int, rounds: int, iters: int = 3) -> dict:
+    """One layer's decode attention (2 heads, 1 query, 32-wide rows) over ``rows_n`` cached rows,
+    ``latent_attention`` with the prefix split (default) against one piece, alternating per round."""
+    rows = torch.randn(1, rows_n + 1, 32)
+    q = torch.randn(1, 2, 1, 32)
+    out: dict = {"split": {"wall_ms": [], "cpu_ms": []}, "one piece": {"wall_ms": [], "cpu_ms": []}}
+    for _ in range(rounds):
+        for arm, splits in (("split", None), ("one piece", 1)):
+            latent.latent_attention(q, rows, rows_n, splits=splits)
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(iters):
+                latent.latent_attention(q, rows, rows_n, splits=splits)
+            out[arm]["wall_ms"].append((time.perf_counter() - t0) / iters * 1e3)
+            out[arm]["cpu_ms"].append((time.process_time() - c0) / iters * 1e3)
+            print("op", arm, out[arm]["wall_ms"][-1], out[arm]["cpu_ms"][-1], flush=True)
+    return {"rows": rows_n, "threads": torch.get_num_threads(), "load_avg": load(),
+            "arms": {a: {k: spread(v) for k, v in d.items()} for a, d in out.items()}}  # fmt: skip
+
+
+def op_table(res: dict) -> str:
+    rows = [
+        [a, f"{d['wall_ms']['median']:.0f} [{d['wall_ms']['min']:.0f}, {d['wall_ms']['max']:.0f}]",
+         f"{d['cpu_ms']['median']:.0f} [{d['cpu_ms']['min']:.0f}, {d['cpu_ms']['max']:.0f}]"]
+        for a, d in res["arms"].items()
+    ]  # fmt: skip
+    return markdown_table(["arm", "wall ms [min, max]", "CPU ms [min, max]"], rows)
+
+
 # ------------------------------------------------------------------------------------------------ http
 def _status(pid: int, key: str) -> int:
     with open(f"/proc/{pid}/status") as fh:
@@ -465,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
         "part",
-        choices=("decode", "prefill", "http", "tables"),
+        choices=("decode", "prefill", "http", "op", "tables"),
         help="what to measure (tables: rewrite the tables and plot from bench/results/long_context.json)",
     )
     p.add_argument("--lengths", default=None, help="comma-separated token counts")
@@ -485,12 +515,14 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else default
     path = RESULTS / "long_context.json"
     old = json.loads(path.read_text()) if path.exists() else {}
-    res = {k: old[k] for k in ("decode", "prefill", "prefill_prefix_cache", "http") if k in old}
+    res = {k: old[k] for k in ("decode", "prefill", "prefill_prefix_cache", "http", "op") if k in old}
     t0 = time.process_time()
     if args.part == "decode":
         res["decode"] = run_decode(lengths, args.rounds, args.steps)
     elif args.part == "http":
         res["http"] = run_http(lengths, args.rounds, args.threads)
+    elif args.part == "op":
+        res["op"] = run_op(lengths[0] if args.lengths else 1024 * K, args.rounds)
     elif args.part == "tables":
         pass
     else:
@@ -520,6 +552,14 @@ def main(argv: list[str] | None = None) -> int:
         tables.append(
             "The same with prefix snapshots on (the engine's default): what a long prompt leaves "
             "resident:\n\n" + prefill_table(res["prefill_prefix_cache"])
+        )
+    if "op" in res:
+        o = res["op"]
+        tables.append(
+            f"One layer's decode attention over {o['rows'] // K}K cached rows (2 heads, 32-wide rows), "
+            f"{o['threads']} threads under contention, {o['arms']['split']['wall_ms']['n']} alternating "
+            "rounds: the prefix split into pieces the kernel runs in parallel, against one piece:\n\n"
+            + op_table(o)
         )
     if "http" in res:
         tables.append(
