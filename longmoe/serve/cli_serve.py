@@ -2,21 +2,27 @@
 
 Safety options (docs/serve.md, "Running it safely"): ``--api-key``, ``--allowed-hosts``,
 ``--cors-origins``, ``--metrics-public``, ``--max-body-kb``, ``--body-timeout``,
-``--max-connections``, ``--max-requests-per-client``."""
+``--max-connections``, ``--max-requests-per-client``. Operations (docs/deploy.md): ``--access-log``,
+``--otlp-endpoint``, ``--drain-timeout``; SIGTERM drains (``/ready`` 503, new requests 503 with
+``Retry-After``, running ones finish) and exits 0; a second SIGTERM or SIGINT stops at once."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
 import signal
 import sys
 import threading
+import time
 
 import uvicorn
 
 from longmoe.argtypes import port
 from longmoe.serve.api import create_app, uvicorn_config
 from longmoe.serve.api.app import DEFAULT_MAX_CONNECTIONS
+from longmoe.serve.api.lifecycle import Lifecycle, wait_drained
 from longmoe.serve.api.state import DEFAULT_BODY_TIMEOUT_S, LOCAL_HOSTS
 from longmoe.serve.cli_generate import add_engine_arguments, engine_from_args
 from longmoe.serve.compiled import announce
@@ -24,6 +30,8 @@ from longmoe.serve.engine import Engine
 
 API_KEY_ENV = "LONGMOE_API_KEY"
 _ANY_ADDRESS = ("0.0.0.0", "::", "")
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+OTLP_ENV = "LONGMOE_OTLP_ENDPOINT"
 
 
 def _csv(text: str) -> list[str]:
@@ -68,6 +76,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="generations in flight per client address before 429 (default: half of --max-batch; 0: off)",
     )  # fmt: skip
     parser.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    parser.add_argument(
+        "--access-log", choices=("json", "off"), default="json",
+        help="one JSON line per request on stderr (request id, key hash, route, status, tokens, TTFT, "
+        "duration, finish reason, cached tokens) or none (default json)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--otlp-endpoint", default=None,
+        help=f"export OpenTelemetry traces (queue/prefill/decode spans) over OTLP/HTTP to this URL, e.g. "
+        f"http://127.0.0.1:4318/v1/traces (default: ${OTLP_ENV} if set, else off)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
+        help=f"seconds running requests get to finish after SIGTERM before they are cut "
+        f"({DEFAULT_DRAIN_TIMEOUT_S:g})",
+    )  # fmt: skip
 
 
 def allowed_hosts(bind: str, given: list[str] | None) -> tuple[str, ...]:
@@ -79,14 +102,45 @@ def allowed_hosts(bind: str, given: list[str] | None) -> tuple[str, ...]:
     return (*LOCAL_HOSTS, f"[{bind}]" if ":" in bind else bind)
 
 
+def _access_logger() -> None:
+    """The ``longmoe.access`` logger's JSON lines to stderr, as they are (no prefix)."""
+    log = logging.getLogger("longmoe.access")
+    if not any(getattr(h, "_longmoe", False) for h in log.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(message)s"))
+        h._longmoe = True  # type: ignore[attr-defined]
+        log.addHandler(h)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _tracer(endpoint: str | None, name: str):
+    if not endpoint:
+        return None
+    from longmoe.serve.api.tracing import Tracer
+
+    return Tracer.otlp(endpoint, service=f"longmoe:{name}")
+
+
 def run(args: argparse.Namespace) -> int:
+    if not args.drain_timeout >= 0 or args.drain_timeout == float("inf"):
+        print(
+            f"longmoe serve: error: --drain-timeout: expected seconds >= 0, got {args.drain_timeout}",
+            file=sys.stderr,
+        )
+        return 2
+    name = args.model_name or os.path.basename(os.path.abspath(args.model))
+    try:
+        tracer = _tracer(args.otlp_endpoint or os.environ.get(OTLP_ENV), name)
+    except RuntimeError as e:
+        print(f"longmoe serve: error: {e}", file=sys.stderr)
+        return 2
     try:
         engine = engine_from_args(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"longmoe serve: error: {e}", file=sys.stderr)
         return 2
     key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
-    name = args.model_name or os.path.basename(os.path.abspath(args.model))
     hosts = allowed_hosts(args.host, args.allowed_hosts)
     app = create_app(
         engine,
@@ -98,7 +152,11 @@ def run(args: argparse.Namespace) -> int:
         metrics_public=args.metrics_public,
         body_timeout_s=args.body_timeout,
         max_requests_per_client=args.max_requests_per_client,
+        access_log=args.access_log == "json",
+        tracer=tracer,
     )
+    if args.access_log == "json":
+        _access_logger()
     print(f"serving model '{name}' on http://{args.host}:{args.port} (api key {'on' if key else 'off'}; "
           f"hosts {', '.join(hosts)})")  # fmt: skip
     if engine.compiled is not None:
@@ -108,14 +166,22 @@ def run(args: argparse.Namespace) -> int:
             "note: bound to every interface; add this machine's names with --allowed-hosts", file=sys.stderr
         )
     server = uvicorn.Server(uvicorn_config(app, args.host, args.port, args.max_connections, args.log_level))
-    with engine:
-        return serve_on_main_thread(engine, server)
+    try:
+        with engine:
+            return serve_on_main_thread(engine, server, app.state.server.lifecycle, args.drain_timeout)
+    finally:
+        if tracer is not None:
+            tracer.shutdown()
 
 
-def serve_on_main_thread(engine: Engine, server: uvicorn.Server) -> int:
+def serve_on_main_thread(
+    engine: Engine, server: uvicorn.Server, lifecycle: Lifecycle | None = None, drain_timeout: float = 0.0
+) -> int:
     """The engine's steps on this (main) thread, where the model was loaded, and uvicorn on another:
     with OpenMP, a second thread running the model pays ~30 µs more per parallel region (engine.py,
-    docs/serve.md). SIGINT / SIGTERM stop both; if the server cannot start or stops, so does the engine."""
+    docs/serve.md). The first SIGTERM drains (with a ``lifecycle``): ``/ready`` and new requests 503,
+    running requests get ``drain_timeout`` seconds to finish, then both stop. SIGINT, or a second
+    SIGTERM, stops at once; if the server cannot start or stops, so does the engine."""
 
     def http() -> None:
         try:
@@ -123,9 +189,29 @@ def serve_on_main_thread(engine: Engine, server: uvicorn.Server) -> int:
         finally:
             engine.stop()  # wakes run_forever (the port taken, or a shutdown)
 
-    def stop(signum: int, frame: object) -> None:
+    def now() -> None:
         server.should_exit = True
         engine.stop()
+
+    def drain() -> None:
+        t0 = time.monotonic()
+        n = lifecycle.in_flight
+        done = wait_drained(lifecycle, drain_timeout)
+        info = {
+            "event": "drained" if done else "drain_timeout",
+            "seconds": round(time.monotonic() - t0, 3),
+            "in_flight_at_sigterm": n,
+        }
+        print(json.dumps(info), file=sys.stderr, flush=True)
+        if not done:  # cut what still runs: each stream gets a retryable 503 error event
+            engine.stop()
+        server.should_exit = True  # uvicorn lets the responses in flight send their last bytes
+
+    def stop(signum: int, frame: object) -> None:
+        if signum != signal.SIGTERM or lifecycle is None or lifecycle.draining:
+            return now()
+        lifecycle.drain()
+        threading.Thread(target=drain, name="longmoe-drain", daemon=True).start()
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     th = threading.Thread(target=http, name="longmoe-http", daemon=True)

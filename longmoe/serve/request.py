@@ -50,6 +50,7 @@ class Completion:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     error: str | None = None
     cached_tokens: int = 0  # prompt tokens not prefilled: a session's kept row or a prefix snapshot
+    queue_s: float = 0.0  # seconds from submission to admission (the whole life if never admitted)
 
 
 @dataclass
@@ -93,6 +94,7 @@ class Request:
     finish: str | None = None
     cancelled: bool = False
     submitted_at: float = field(default_factory=time.monotonic)
+    admitted_at: float | None = None  # when the scheduler admitted it (queue time for metrics)
 
     @classmethod
     def new(
@@ -187,6 +189,7 @@ class Request:
             top_logprobs=list(self.tops) if self.params.top_logprobs else None,
             error=error,
             cached_tokens=self.reused,
+            queue_s=(self.admitted_at or time.monotonic()) - self.submitted_at,
         )
 
 

@@ -205,6 +205,7 @@ class Scheduler:
                 if not self.sessions.evict_one(keep=s):  # then idle sessions' kept rows
                     return  # wait for running requests to free their reservations (arrival order kept)
             self.waiting.popleft()
+            r.admitted_at = time.monotonic()
             if s is not None and s.cache is not None:  # continue the session's kept row
                 r.cache, r.n_fed = self.sessions.take(s)
                 r.reused = r.n_fed

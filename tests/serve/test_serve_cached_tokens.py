@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers.prom import by_name, scrape
 from tests.helpers.server import served, wait_idle
 
 BS = 16  # prefix block size: the test prompts span several blocks
@@ -49,13 +50,8 @@ def long_prompt(topic: str) -> str:
 
 
 def metrics(url: str) -> dict[str, float]:
-    """The unlabelled series of ``/metrics``, by name without the ``longmoe_`` prefix."""
-    out = {}
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, value = line.split()
-            out[name.removeprefix("longmoe_")] = float(value)
-    return out
+    """The series of ``/metrics`` labelled only by the model, by name without the ``longmoe_`` prefix."""
+    return by_name(scrape(url))
 
 
 def reused(engine) -> int:

@@ -13,6 +13,7 @@ import pytest
 
 from longmoe.serve.api import create_app
 from longmoe.serve.engine import Engine
+from tests.helpers.prom import scrape, value
 from tests.helpers.server import serving
 
 
@@ -46,11 +47,7 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
 
 
 def _errors(url: str) -> float:
-    text = httpx.get(url + "/metrics").text
-    line = next(
-        x for x in text.splitlines() if x.startswith('longmoe_request_errors_total{type="engine_error"}')
-    )
-    return float(line.split()[-1])
+    return value(scrape(url), "longmoe_request_errors_total", type="engine_error")
 
 
 @pytest.mark.parametrize(("path", "body"), [("/v1/completions", BODY), ("/v1/chat/completions", CHAT)])

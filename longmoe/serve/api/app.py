@@ -1,8 +1,9 @@
 """``create_app``: the route table, the middleware and the error handlers around the handlers of
 the other modules, which read everything they need from ``app.state.server`` (a ``ServerState``).
 
-Outermost first, a request passes: ``CountResponses`` (metrics), ``HostGuard`` (421 for a foreign
-Host header), CORS (only when origins are configured), then the route. Every error leaves as
+Outermost first, a request passes: ``AccessLog`` (request id, one JSON log line), ``CountResponses``
+(metrics), ``DrainGate`` (503 while draining), ``HostGuard`` (421 for a foreign Host header), CORS
+(only when origins are configured), then the route. Every error leaves as
 OpenAI's error object; one whose request body was not read to its end carries ``Connection: close``.
 """
 
@@ -19,7 +20,8 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from longmoe.serve.api import chat, completions, metrics, models, tokenize, web
+from longmoe.serve.api import chat, completions, lifecycle, metrics, models, tokenize, web
+from longmoe.serve.api.access import AccessLog
 from longmoe.serve.api.errors import APIError, echo, error_response
 from longmoe.serve.api.middleware import CountResponses, HostGuard
 from longmoe.serve.api.security import ClientLimiter
@@ -40,6 +42,7 @@ _BODY_METHODS = ("POST", "PUT", "PATCH")
 ROUTES = [  # (method, path, handler)
     ("GET", "/", web.index),
     ("GET", "/health", web.health),
+    ("GET", "/ready", lifecycle.ready),
     ("GET", "/metrics", metrics.prometheus),
     ("GET", "/v1/info", web.info),
     ("GET", "/v1/models", models.list_models),
@@ -68,10 +71,13 @@ def create_app(
     metrics_public: bool = False,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     max_requests_per_client: int | None = None,
+    access_log: bool = True,
+    tracer: object | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` as ``model_name``; ``api_key`` guards every ``/v1`` route
-    and ``/metrics`` (unless ``metrics_public``). ``max_requests_per_client``: generations in flight
-    per client address (None: half of ``max_batch``; 0: no limit). See ``ServerConfig``."""
+        and ``/metrics`` (unless ``metrics_public``). ``max_requests_per_client``: generations in flight
+        per client address (None: half of ``max_batch``; 0: no limit). See ``ServerConfig``. ``access_log``:
+    one JSON line per request on the ``longmoe.access`` logger; ``tracer``: a ``tracing.Tracer`` or None."""
     limit = default_client_limit(engine) if max_requests_per_client is None else max_requests_per_client
     config = ServerConfig(
         model_name=model_name,
@@ -86,6 +92,9 @@ def create_app(
     app = FastAPI(title="longmoe", docs_url=None, redoc_url=None, openapi_url=None)
     st = ServerState(engine, config, limiter=ClientLimiter(limit), page=web.PAGE.read_text())
     st.model_parameters = sum(p.numel() for p in engine.model.parameters())
+    st.prometheus = metrics.ServeMetrics(engine, st.metrics, model_name)
+    st.lifecycle = lifecycle.Lifecycle()
+    st.tracer = tracer
     app.state.server = st
     for method, path, handler in ROUTES:
         app.add_api_route(path, handler, methods=[method])
@@ -100,7 +109,9 @@ def create_app(
             allow_headers=["Authorization", "Content-Type"],
         )
     app.add_middleware(HostGuard, allowed=config.allowed_hosts)
+    app.add_middleware(lifecycle.DrainGate, lifecycle=st.lifecycle)
     app.add_middleware(CountResponses, metrics=st.metrics)
+    app.add_middleware(AccessLog, enabled=access_log)
     return app
 
 
@@ -131,6 +142,7 @@ def uvicorn_config(
     port: int = 0,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     log_level: str = "warning",
+    access_log: bool = False,
 ) -> uvicorn.Config:
     """How the server runs under uvicorn (the CLI and ``serve_in_thread`` share it): at most
     ``max_connections`` connections or tasks (503 beyond), idle keep-alive connections closed after 5 s."""
@@ -142,6 +154,7 @@ def uvicorn_config(
         lifespan="off",
         limit_concurrency=max_connections,
         timeout_keep_alive=5,
+        access_log=access_log,  # uvicorn's free-text line; the app logs its own JSON one (access.py)
     )
 
 

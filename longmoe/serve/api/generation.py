@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from starlette.requests import Request
@@ -31,6 +33,8 @@ from longmoe.serve.structured import StructuredOutputError
 ChunkFn = Callable[[str, str | None], dict]  # (text delta, finish reason) -> one SSE chunk
 FinalFn = Callable[[Completion], dict]  # the completion -> the whole response body
 EventsFn = Callable[[Event], list[dict]]  # one event -> the SSE chunks it makes (tool-call streaming)
+
+log = logging.getLogger(__name__)
 
 
 async def constraint(request: Request, req: GenerationRequest) -> Callable[[], TokenConstraint] | None:
@@ -94,10 +98,24 @@ async def submit(
     q: asyncio.Queue[Event] = asyncio.Queue()
     who = client_id(request)
     st.limiter.acquire(who)
+    st.lifecycle.started()  # until its last event (the drain waits for it)
+    rec = getattr(request.state, "record", None)  # access.RequestRecord (the AccessLog middleware's)
+    start = rec.start if rec is not None else time.monotonic()
+    submitted = time.monotonic()
+    first: float | None = None
 
     def sink(ev: Event) -> None:  # engine thread
+        nonlocal first
+        if first is None and ev.token_ids:
+            first = time.monotonic()
+            if rec is not None:
+                rec.first_token = first
         if ev.done is not None:
             st.limiter.release(who)
+            try:
+                _finished(request, rec, start, submitted, first, ev.done)
+            finally:
+                st.lifecycle.ended()
         with contextlib.suppress(RuntimeError):  # the event loop is gone (server shutting down)
             loop.call_soon_threadsafe(q.put_nowait, ev)
 
@@ -105,17 +123,38 @@ async def submit(
         h = await asyncio.to_thread(st.engine.submit, prompt, params, sink, None, images)
     except EngineError as e:
         st.limiter.release(who)
+        st.lifecycle.ended()
         param = (rename or {}).get(e.param, e.param)
         code = "context_length_exceeded" if e.param in ("prompt", "max_tokens") else None
         raise APIError(e.status, str(e).replace(e.param, param, 1), param, code) from None
     except BaseException:
         st.limiter.release(who)
+        st.lifecycle.ended()
         raise
     return h, q
 
 
+def _finished(
+    request: Request, rec, start: float, submitted: float, first: float | None, c: Completion
+) -> None:
+    """A request's end (engine thread): its histograms, its log record, its trace."""
+    st, end = server_state(request), time.monotonic()
+    st.prometheus.observe(start, first, end, c)
+    if rec is not None:
+        rec.completion = c
+    if st.tracer is not None:
+        rid, route = (rec.id, rec.route) if rec is not None else ("", request.url.path)
+        try:  # a broken exporter must never fail the engine's step
+            st.tracer.record(rid, route, start, submitted + c.queue_s, first, end, c)
+        except Exception:
+            log.exception("tracing failed")
+
+
 def count_error(request: Request, err: APIError) -> None:
     server_state(request).metrics.count_error(err.code or err.type)
+    rec = getattr(request.state, "record", None)
+    if rec is not None:
+        rec.error = err.code or err.type
 
 
 def failure(c: Completion) -> APIError | None:

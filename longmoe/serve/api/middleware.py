@@ -12,7 +12,10 @@ from longmoe.serve.api.errors import APIError, echo, error_response
 from longmoe.serve.api.security import host_name
 
 _BODY_METHODS = ("POST", "PUT", "PATCH")
-ROUTE_LABELS = ("/", "/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
+ROUTE_LABELS = (
+    "/", "/health", "/ready", "/metrics", "/v1/info", "/v1/models", "/v1/completions", "/v1/chat/completions",
+    "/tokenize", "/detokenize", "/tokenizer_info",
+)  # fmt: skip
 _MODEL_ROUTE = "/v1/models/{id}"
 
 

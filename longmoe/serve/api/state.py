@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.requests import Request
 
@@ -54,6 +55,9 @@ class ServerState:
     page: str = ""  # the web page's template
     model_parameters: int = 0  # the model's parameter count (GET /v1/info)
     grammars: JsonGrammars | None = None  # response_format grammars (built on first use)
+    prometheus: Any = None  # the app's ServeMetrics (serve/api/metrics.py), set by create_app
+    lifecycle: Any = None  # the app's Lifecycle (serve/api/lifecycle.py): readiness and drain
+    tracer: Any = None  # an OpenTelemetry Tracer (serve/api/tracing.py) or None: traces off
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def json_grammars(self) -> JsonGrammars:
