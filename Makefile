@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test test-all lint format bench bench-cpu demo clean
+.PHONY: venv test test-all lint format bench bench-cpu demo image clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,22 @@ bench-cpu: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m longmoe demo
+
+# The serving image (deploy/Containerfile, docs/deploy.md). IMAGE_BASE: the base image (on a host with
+# no registry, deploy/base-image.sh builds the default from Debian packages); a local wheel directory
+# (torch's CPU wheel) and the host CA bundle are mounted into the build when they exist.
+IMAGE      ?= localhost/longmoe:latest
+IMAGE_BASE ?= docker.io/library/python:3.11-slim-bookworm
+WHEELS     ?= /opt/wheels
+CA_BUNDLE  ?= /etc/ssl/certs/ca-certificates.crt
+export CONTAINERS_CONF ?= $(CURDIR)/deploy/containers.conf
+image:
+	podman image exists $(IMAGE_BASE) || podman pull $(IMAGE_BASE) || deploy/base-image.sh $(IMAGE_BASE)
+	podman build -f deploy/Containerfile -t $(IMAGE) --build-arg BASE=$(IMAGE_BASE) \
+	  $(if $(wildcard $(WHEELS)),--volume $(WHEELS):/wheels:ro) \
+	  $(if $(wildcard $(CA_BUNDLE)),--volume $(CA_BUNDLE):/etc/ssl/certs/host-ca.crt:ro) \
+	  $(if $(wildcard $(WHEELS)),--build-arg PIP_FIND_LINKS=/wheels) \
+	  $(if $(wildcard $(CA_BUNDLE)),--build-arg PIP_CERT=/etc/ssl/certs/host-ca.crt) .
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

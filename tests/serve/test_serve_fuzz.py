@@ -26,6 +26,7 @@ MAX_BODY = 64 * 1024
 ROUTES = [
     ("GET", "/"),
     ("GET", "/health"),
+    ("GET", "/ready"),
     ("GET", "/metrics"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/tiny"),
@@ -130,7 +131,7 @@ def hostile_request(rng: random.Random, port: int) -> tuple[str, str, dict[str, 
             ["evil.example", f"localhost:{port}", "", "127.0.0.1.evil.example", "[::1]"]
         )
     if rng.random() < 0.05:
-        headers[rng.choice(["X-Forwarded-For", "Origin", "Transfer-Encoding-X", "Accept"])] = (
+        headers[rng.choice(["X-Forwarded-For", "Origin", "Transfer-Encoding-X", "Accept", "X-Request-Id"])] = (
             "x" * rng.randint(0, 2000)
         )
     body = b""
