@@ -191,7 +191,7 @@ def chat_load(url: str, users: int, turns: int, affinity: bool, seed: int = 0,
                 res = one_turn(client, url, msgs, session)
                 if res["status"] != 200:  # a retryable failure: the client tries once more
                     res = {**one_turn(client, url, msgs, session), "first_failure": res["status"]}
-                out[u].append(res)
+                out[u].append({**res, "ended": time.monotonic()})
                 msgs.append({"role": "assistant", "content": res.get("text", "")})
 
     threads = [threading.Thread(target=user, args=(u,)) for u in range(users)]
@@ -222,10 +222,12 @@ def kill_test(model: Path, tmp: Path, users: int, turns: int) -> dict:
     """2 replicas, affinity on; replica 1 is SIGKILLed when the load reaches half its turns."""
     c = Cluster(model, 2, tmp)
     killed = threading.Event()
+    kill_at = [float("inf")]
 
     def on_turn(u: int, t: int) -> None:
         if t == turns // 2 and not killed.is_set():
             killed.set()
+            kill_at[0] = time.monotonic()
             c.procs[0].kill()
 
     try:
@@ -239,7 +241,7 @@ def kill_test(model: Path, tmp: Path, users: int, turns: int) -> dict:
     for rs in res:
         side = "on_killed" if rs[0].get("server") == "r1" else "on_survivor"
         rows[side]["users"] += 1
-        for r in rs[turns // 2 :]:
+        for r in (r for r in rs if r["ended"] >= kill_at[0]):  # the turns in flight at the kill too
             if r["status"] == 200 and "first_failure" in r:
                 rows[side]["retried_ok"] += 1
                 first_failures[str(r["first_failure"])] = first_failures.get(str(r["first_failure"]), 0) + 1
@@ -286,7 +288,8 @@ def main() -> None:
         f"(deploy/haproxy/haproxy.cfg), replicas at 1 thread each, tiny-preset random-weight model. "
         f"*TTFT measured by the clients under contention: all replicas, haproxy and {args.users} clients "
         f"on a shared 2-core machine. Replica killed (SIGKILL) at turn {args.turns // 2} of 2 replicas with "
-        f"affinity, turns after the kill: users on the killed replica ({k['on_killed']['users']}): "
+        f"affinity; turns that ended after the kill (those in flight at the kill included): "
+        f"users on the killed replica ({k['on_killed']['users']}): "
         f"{k['on_killed']['ok']} ok, {k['on_killed']['retried_ok']} ok on the client's one retry, "
         f"{k['on_killed']['failed']} failed; users on the survivor ({k['on_survivor']['users']}): "
         f"{k['on_survivor']['ok']} ok, {k['on_survivor']['retried_ok']} retried, "
