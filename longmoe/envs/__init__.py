@@ -14,6 +14,7 @@ from longmoe.envs.base import HELD_OUT_SEED_BASE, Env, EnvConfigError, StepResul
 from longmoe.envs.calculator import CalculatorConfig, CalculatorEnv
 from longmoe.envs.doclookup import DocLookupConfig, DocLookupEnv
 from longmoe.envs.episode import Episode, assistant_message, play
+from longmoe.envs.sql import SQLConfig, SQLEnv
 
 __all__ = [
     "ENVS",
@@ -26,6 +27,8 @@ __all__ = [
     "EnvConfigError",
     "EnvEntry",
     "Episode",
+    "SQLConfig",
+    "SQLEnv",
     "StepResult",
     "assistant_message",
     "env_config",
@@ -45,6 +48,7 @@ class EnvEntry:
 ENVS: dict[str, EnvEntry] = {
     "doclookup": EnvEntry(DocLookupConfig, DocLookupEnv),
     "calculator": EnvEntry(CalculatorConfig, CalculatorEnv),
+    "sql": EnvEntry(SQLConfig, SQLEnv),
 }
 
 

@@ -42,18 +42,24 @@ class CalculatorConfig:
     """``horizon``: operations in the story (= calc calls the expert makes), 1..64;
     ``max_operand``: the largest number an operation uses (2..10**6);
     ``max_start``: the largest starting stock (10..10**6; the start is drawn from 10..max_start);
-    ``max_turns``: assistant turns before the episode is cut (0: ``2 * horizon + 4``)."""
+    ``max_turns``: assistant turns before the episode is cut (0: ``2 * horizon + 4``);
+    ``corrections``: operations whose number the story first states wrongly and corrects at its end
+    (0..horizon; the steps are then numbered); ``distractors``: sentences about other depots (0..256)."""
 
     horizon: int = 2
     max_operand: int = 99
     max_start: int = 999
     max_turns: int = 0
+    corrections: int = 0
+    distractors: int = 0
 
     def __post_init__(self) -> None:
         check_range("horizon", self.horizon, 1, MAX_HORIZON)
         check_range("max_operand", self.max_operand, 2, 10**6)
         check_range("max_start", self.max_start, 10, 10**6)
         check_range("max_turns", self.max_turns, 0, 10_000)
+        check_range("corrections", self.corrections, 0, self.horizon)
+        check_range("distractors", self.distractors, 0, 256)
 
 
 def _draw_ops(
@@ -113,10 +119,26 @@ class CalculatorEnv(ToolEnv):
         unit = f"{rng.choice(ADJECTIVES)} {rng.choice(_CONTAINERS)}"
         start = rng.randint(10, c.max_start)
         self.ops, self.values = _draw_ops(rng, start, c.horizon, c.max_operand)
-        story = [f"A depot in {rng.choice(PLACES)} holds {start} {unit}."]
+        place = rng.choice(PLACES)
+        story = [f"A depot in {place} holds {start} {unit}."]
         story += [rng.choice(_TEMPLATES[op]).format(n=n, unit=unit) for op, n in self.ops]
         self.seen: set[str] = set()  # results the tool has returned
-        return " ".join(story) + f" How many {unit} are there at the end?"
+        if not (c.corrections or c.distractors):  # the original task text, unchanged
+            return " ".join(story) + f" How many {unit} are there at the end?"
+        # corrections: a wrong number in the step, the right one in a note after the story
+        fixed = sorted(rng.sample(range(c.horizon), c.corrections))
+        notes = []
+        for k in fixed:
+            op, n = self.ops[k]
+            wrong = next(w for w in iter(lambda: rng.randint(2, max(3, c.max_operand)), None) if w != n)
+            story[k + 1] = rng.choice(_TEMPLATES[op]).format(n=wrong, unit=unit)
+            notes.append(f"Correction: in step {k + 1} the number is {n}, not {wrong}.")
+        steps = [story[0]] + [f"({k + 1}) {t}" for k, t in enumerate(story[1:])]
+        for _ in range(c.distractors):  # facts about other depots: never part of the count
+            other = rng.choice([p for p in PLACES if p != place])
+            fact = f"Meanwhile a depot in {other} holds {rng.randint(10, c.max_start)} {unit}."
+            steps.insert(rng.randint(1, len(steps)), fact)
+        return " ".join(steps + notes) + f" How many {unit} are there at the end in {place}?"
 
     @property
     def answer(self) -> str:

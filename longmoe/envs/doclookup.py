@@ -27,12 +27,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from longmoe.data.chat import AssistantTurn, ToolCall
+from longmoe.envs.base import EnvConfigError
+from longmoe.envs.sql_sandbox import truncate
 from longmoe.envs.toolenv import ToolEnv, ToolError, check_range, function_schema
 from longmoe.tasks.base import ADJECTIVES, NOUNS, distinct, filler_text, key_name
 
 MAX_HORIZON = 32
 _REFER = "Registry note: the record {a} refers onward to the record {b}."
 _HOLD = "Registry note: the record {a} holds the access code {code}."
+_REV1, _REV2 = "Registry note (revision 1):", "Registry note (revision 2, supersedes revision 1):"
+_NOTE_ROOM = 200  # characters kept free after the note in a capped page (header, truncation note)
+_CORRECTED = (
+    " A record may have two documents: when their notes disagree, the note of the higher revision holds."
+)
 _WORDS = re.compile(r"[a-z0-9]+")
 
 
@@ -41,7 +48,11 @@ class DocLookupConfig:
     """``horizon``: documents to follow (hops), 1..32; ``page_chars``: prose characters per page
     (40..200000); ``pages_per_doc``: 1..64; ``distractors``: documents off the chain (0..256);
     ``max_results``: search hits listed (1..100); ``max_turns``: assistant turns before the episode
-    is cut (0: ``4 * horizon + 4``)."""
+    is cut (0: ``4 * horizon + 4``); ``corrections``: chain records that also have a later
+    revision-2 note in a second document of the same title, superseding a revision-1 note that points
+    into the decoy chain (0..horizon; needs distractors); ``max_result_chars``: an ``open`` result
+    longer than this is cut with a stated note (0: no cap, else >= 400; the registry note always
+    sits inside the cap, so only prose is cut)."""
 
     horizon: int = 2
     page_chars: int = 600
@@ -49,6 +60,8 @@ class DocLookupConfig:
     distractors: int = 4
     max_results: int = 5
     max_turns: int = 0
+    corrections: int = 0
+    max_result_chars: int = 0
 
     def __post_init__(self) -> None:
         check_range("horizon", self.horizon, 1, MAX_HORIZON)
@@ -57,6 +70,13 @@ class DocLookupConfig:
         check_range("distractors", self.distractors, 0, 256)
         check_range("max_results", self.max_results, 1, 100)
         check_range("max_turns", self.max_turns, 0, 10_000)
+        check_range("corrections", self.corrections, 0, self.horizon)
+        if self.corrections and not self.distractors:
+            raise EnvConfigError(
+                f"corrections={self.corrections} needs distractors >= 1: a superseded note points into them"
+            )
+        if self.max_result_chars:
+            check_range("max_result_chars", self.max_result_chars, 400, 10_000_000)
 
 
 @dataclass(frozen=True)
@@ -73,14 +93,18 @@ def _similar_title(rng: random.Random, title: str) -> str:
     return f"{adj}-{rng.choice(NOUNS)}" if rng.random() < 0.5 else f"{rng.choice(ADJECTIVES)}-{noun}"
 
 
-def _page_text(rng: random.Random, n_chars: int, note: str | None) -> str:
-    """``n_chars`` of filler prose cut at a word boundary, with ``note`` between two sentences."""
+def _page_text(rng: random.Random, n_chars: int, note: str | None, within: int = 0) -> str:
+    """``n_chars`` of filler prose cut at a word boundary, with ``note`` between two sentences
+    (ending within the first ``within`` characters when that is set)."""
     text = filler_text(rng, n_chars).replace("\n", " ")[:n_chars]
     text = text.rsplit(" ", 1)[0] if len(text) == n_chars and " " in text else text
     if note is None:
         return text
     sentences = re.split(r"(?<=[.!?])\s+", text)
     at = rng.randint(0, len(sentences))
+    if within:
+        while at and len(" ".join(sentences[:at])) + len(note) + 1 > within:
+            at -= 1
     return " ".join(sentences[:at] + [note] + sentences[at:]).strip()
 
 
@@ -112,12 +136,16 @@ class DocLookupEnv(ToolEnv):
     def __init__(self, config: DocLookupConfig | None = None) -> None:
         self.config = config or DocLookupConfig()
         c = self.config
-        super().__init__(c.horizon, c.max_turns or 4 * c.horizon + 4)
+        super().__init__(c.horizon, c.max_turns or 4 * c.horizon + 4 + 2 * c.corrections)
+        if c.corrections:
+            self.instructions = DocLookupEnv.instructions + _CORRECTED
 
     # ------------------------------------------------------------------ task
     def _key(self, seed: int) -> str:
         c = self.config
-        return f"longmoe-env:doclookup:{c.horizon}:{c.page_chars}:{c.pages_per_doc}:{c.distractors}:{seed}"
+        extra = f":c{c.corrections}" if c.corrections else ""  # tasks without corrections as before
+        shape = f"{c.horizon}:{c.page_chars}:{c.pages_per_doc}:{c.distractors}{extra}"
+        return f"longmoe-env:doclookup:{shape}:{seed}"
 
     def _draw(self, seed: int) -> str:
         c = self.config
@@ -144,15 +172,41 @@ class DocLookupEnv(ToolEnv):
             Document(i, t, n, rng.randint(1, c.pages_per_doc))
             for i, t, n in zip(ids, titles, notes, strict=True)
         ]
+        self._add_corrections(rng, chain, decoy, codes[1])
         self.by_id = {d.doc_id: d for d in self.docs}
         self.located: set[int] = set()  # chain positions whose document id the agent has seen
-        self.read: set[int] = set()  # chain positions whose note the agent has read
+        self.read: set[int] = set()  # documents (chain positions, then errata) whose note was read
         self._pages: dict[tuple[str, int], str] = {}
         return (
             f"Start from the record {chain[0]}. Its registry note either refers onward to another "
             "record or holds an access code; follow the references until you reach an access code. "
             "What is that access code? Reply with the code only."
         )
+
+    def _add_corrections(self, rng: random.Random, chain: list[str], decoy: list[str], wrong: str) -> None:
+        """``corrections`` chain records get a second document of the same title whose revision-2
+        note holds; the first document's note becomes revision 1 and points into the decoy chain."""
+        c, h = self.config, self.horizon
+        self.errata: dict[int, int] = {}  # chain position -> index of its erratum in self.docs
+        used = {d.doc_id for d in self.docs}
+        for i in sorted(rng.sample(range(h), c.corrections)):
+            doc = self.docs[i]
+            true = doc.note.removeprefix("Registry note: ")
+            bad = (
+                f"the record {chain[i]} holds the access code {wrong}."
+                if i == h - 1
+                else f"the record {chain[i]} refers onward to the record {decoy[0]}."
+            )
+            self.docs[i] = Document(doc.doc_id, doc.title, f"{_REV1} {bad}", doc.note_page)
+            new_id = next(d for d in iter(lambda: f"D{rng.randrange(1000, 10000)}", None) if d not in used)
+            used.add(new_id)
+            self.errata[i] = len(self.docs)
+            self.docs.append(Document(new_id, doc.title, f"{_REV2} {true}", rng.randint(1, c.pages_per_doc)))
+
+    def _docs_of(self, i: int) -> list[int]:
+        """The indices of chain position ``i``'s documents (its erratum too), in search-listing order."""
+        mine = [i] + ([self.errata[i]] if i in self.errata else [])
+        return sorted(mine, key=lambda j: self.docs[j].doc_id)
 
     @property
     def answer(self) -> str:
@@ -164,7 +218,10 @@ class DocLookupEnv(ToolEnv):
         if key not in self._pages:
             rng = random.Random(f"{self._key(self.seed or 0)}:{doc.doc_id}:{page}")
             note = doc.note if page == doc.note_page else None
-            self._pages[key] = _page_text(rng, self.config.page_chars, note)
+            cap = self.config.max_result_chars
+            self._pages[key] = _page_text(
+                rng, self.config.page_chars, note, max(1, cap - _NOTE_ROOM) if cap else 0
+            )
         return self._pages[key]
 
     # ------------------------------------------------------------------ tools
@@ -195,19 +252,21 @@ class DocLookupEnv(ToolEnv):
         if not 1 <= page <= n:
             raise ToolError(f"page {page} does not exist: {doc.doc_id} has pages 1 to {n}")
         i = self.docs.index(doc)
-        if i < h and page == doc.note_page:
+        if (i < h or i in self.errata.values()) and page == doc.note_page:
             self.read.add(i)
-        return f"[{doc.doc_id} {doc.title}, page {page} of {n}]\n{self.page(doc, page)}"
+        text = f"[{doc.doc_id} {doc.title}, page {page} of {n}]\n{self.page(doc, page)}"
+        return truncate(text, self.config.max_result_chars)
 
     # ------------------------------------------------------------------ knowledge, expert
     def state_key(self) -> str:
         return f"doclookup:{self.seed}:located={sorted(self.located)}:read={sorted(self.read)}"
 
     def expert(self) -> AssistantTurn:
-        k = next((i for i in range(self.horizon) if i not in self.read), None)
+        # a hop is done once every document of its record is read (the erratum's and the original's)
+        k = next((i for i in range(self.horizon) if not set(self._docs_of(i)) <= self.read), None)
         if k is None:
             return AssistantTurn(self.code)
-        doc = self.docs[k]
         if k not in self.located:
-            return AssistantTurn("", (ToolCall("search", {"query": doc.title}),))
+            return AssistantTurn("", (ToolCall("search", {"query": self.docs[k].title}),))
+        doc = self.docs[next(j for j in self._docs_of(k) if j not in self.read)]
         return AssistantTurn("", (ToolCall("open", {"doc_id": doc.doc_id, "page": doc.note_page}),))

@@ -31,6 +31,7 @@ from tests.helpers.tokenizer import tokenizer_for_tests
 SMALL = {
     "doclookup": {"page_chars": 120, "pages_per_doc": 2, "distractors": 3},
     "calculator": {},
+    "sql": {"distractors": 3},
 }
 
 
@@ -169,9 +170,11 @@ def test_answer_checking(name: str) -> None:
 def test_turn_limit_truncates(name: str) -> None:
     env = small_env(name, max_turns=2)
     env.reset(0)
-    useless = (
-        ToolCall("search", {"query": "zzz"}) if name == "doclookup" else ToolCall("calc", {"expression": "1"})
-    )
+    useless = {
+        "doclookup": ToolCall("search", {"query": "zzz"}),
+        "calculator": ToolCall("calc", {"expression": "1"}),
+        "sql": ToolCall("sql", {"query": "SELECT 1"}),
+    }[name]
     assert not env.step(AssistantTurn("", (useless,))).done
     res = env.step(AssistantTurn("", (useless,)))
     assert res.done and res.reward == 0.0 and res.info["truncated"] and len(res.messages) == 1
