@@ -29,6 +29,10 @@ RECIPES: dict[str, tuple[str, str]] = {
     "ablations": ("longmoe.pipelines.ablations.__main__", "decay bounds, attention residuals, balancers"),
     "mqar": ("longmoe.pipelines.mqar.__main__", "associative recall vs state capacity, length extrapolation"),
     "agent": ("longmoe.pipelines.agent.__main__", "pretrain -> SFT -> RL on the tool environments"),
+    "agent-long": (
+        "longmoe.pipelines.agent_long.__main__",
+        "long horizons: lengths, rollouts, RL credit arms",
+    ),
     "vision_extract": ("longmoe.pipelines.vision_extract.__main__", "image -> JSON extraction, text control"),
 }
 

@@ -261,3 +261,47 @@ def test_trajectory_to_episode_result():
     assert episode_result("c", t).overflow and not episode_result("c", t).truncated
     t.info = {"truncated": True}
     assert episode_result("c", t).truncated and not episode_result("c", t).overflow
+
+
+def test_suite_long_cells_and_narrowing():
+    """--suite long: doclookup, calculator and sql at horizons 8, 16, 32 with the suite's options;
+    --envs / --horizons narrow it and --env-opt overrides a field; bad names are one-line errors."""
+    import argparse
+
+    from longmoe.envs import EnvConfigError
+    from longmoe.eval.agent.cli import _cells
+
+    def cells(**kw):
+        ns = {"envs": None, "horizons": None, "env_opt": [], "suite": "long", **kw}
+        return _cells(argparse.Namespace(**ns))
+
+    full = cells()
+    assert sorted(full) == [(e, h) for e in ("calculator", "doclookup", "sql") for h in (8, 16, 32)]
+    env = full[("doclookup", 32)]()
+    assert env.config.corrections == 2 and env.config.page_chars == 2000 and env.horizon == 32
+    narrow = cells(envs="sql", horizons="8", env_opt=["distractors=3"])
+    assert list(narrow) == [("sql", 8)] and narrow[("sql", 8)]().config.distractors == 3
+    with pytest.raises(EnvConfigError, match="no environment"):
+        cells(envs="nope")
+
+
+def test_endpoint_plays_the_long_suite_and_sql():
+    """The function-calling client on the new tasks: a mock endpoint answering with the expert's
+    calls wins every long-suite sql / calculator episode at horizon 8 and a doclookup one with
+    corrections (so tool results, capped pages and revisions all travel through the API)."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        turn = _here.env.expert()
+        msg = {"role": "assistant", "content": turn.content or None}
+        if turn.tool_calls:
+            msg["tool_calls"] = [tc.to_openai(f"c{i}") for i, tc in enumerate(turn.tool_calls)]
+        return httpx.Response(200, json={"choices": [{"index": 0, "message": msg}]})
+
+    from longmoe.envs.suites import suite_cells
+
+    cells = {k: _tracked(k[0], **v) for k, v in suite_cells("long", horizons=[8]).items()}
+    agent = EndpointAgent("http://mock/v1", "m")
+    agent.http = httpx.Client(transport=httpx.MockTransport(handler))
+    results = run_agent_eval(agent, cells, 2, "/tmp/unused-agent-eval-long", concurrency=1)
+    assert len(results) == 6 and all(r.success for r in results)
+    assert {r.env for r in results} == {"sql", "calculator", "doclookup"}

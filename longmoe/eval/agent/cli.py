@@ -5,6 +5,7 @@ Examples::
 
     longmoe eval agent --model runs/sft --envs doclookup,calculator --horizons 1,2,4 --n 100
     longmoe eval agent --expert --envs doclookup --horizons 1,2,4,8   # the reference run
+    longmoe eval agent --suite long --base-url http://127.0.0.1:8000/v1 --n 20   # horizons 8-32, SQL
     longmoe eval agent --base-url https://api.openai.com/v1 --api-model gpt-4o-mini \\
         --api-key-env OPENAI_API_KEY --envs calculator --horizons 1,2,4,8 --n 50
 
@@ -29,6 +30,7 @@ from tqdm import tqdm
 from longmoe.checkpoint import TOKENIZER_FILE
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.envs import ENVS, EnvConfigError, env_config, make_env
+from longmoe.envs.suites import SUITES, suite_cells
 from longmoe.eval.agent.harness import (
     EnvFactory,
     EpisodeResult,
@@ -61,10 +63,21 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("agent tasks (longmoe eval agent, or --tasks agent)")
     g.add_argument(
         "--envs",
-        default=",".join(ENVS),
-        help=f"environments, comma-separated (default: all: {','.join(ENVS)})",
+        default=None,
+        help=f"environments, comma-separated (default: all: {','.join(ENVS)}; with --suite, the suite's)",
     )
-    g.add_argument("--horizons", default="1,2,4", help="task horizons to score, e.g. 1,2,4,8 (default 1,2,4)")
+    g.add_argument(
+        "--horizons",
+        default=None,
+        help="task horizons to score, e.g. 1,2,4,8 (default 1,2,4; with --suite, the suite's: 8,16,32)",
+    )
+    g.add_argument(
+        "--suite",
+        choices=sorted(SUITES),
+        help="a named task suite (longmoe/envs/suites.py): 'long' = doclookup (2,000-character pages), "
+        "calculator and sql at horizons 8, 16, 32 with distractors, corrections and capped tool results; "
+        "--envs, --horizons and --env-opt narrow or override it",
+    )
     g.add_argument(
         "--env-opt",
         action="append",
@@ -88,9 +101,11 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
 
 def _cells(args: argparse.Namespace) -> dict[tuple[str, int], EnvFactory]:
     """``(env, horizon) -> factory``; bad names, horizons or options raise ``EnvConfigError``."""
-    names = [e.strip() for e in args.envs.split(",") if e.strip()]
+    suite = getattr(args, "suite", None)
+    envs_arg = args.envs if args.envs is not None else ("" if suite else ",".join(ENVS))
+    names = [e.strip() for e in envs_arg.split(",") if e.strip()]
     try:
-        horizons = [int(h) for h in args.horizons.split(",") if h.strip()]
+        horizons = [int(h) for h in (args.horizons or ("" if suite else "1,2,4")).split(",") if h.strip()]
     except ValueError:
         raise EnvConfigError(
             f"--horizons {args.horizons!r} is invalid: expected integers like 1,2,4"
@@ -103,6 +118,13 @@ def _cells(args: argparse.Namespace) -> dict[tuple[str, int], EnvFactory]:
         opts[key] = int(value)
     unused = set(opts)
     cells: dict[tuple[str, int], EnvFactory] = {}
+    if suite:
+        for (name, h), fields in suite_cells(suite, names or None, horizons or None).items():
+            mine = {k: v for k, v in opts.items() if k in ENVS[name].config.__dataclass_fields__}
+            unused -= set(mine)
+            env_config(name, **{**fields, **mine})  # validate now, not in a worker thread
+            cells[(name, h)] = _factory(name, {**fields, **mine})
+        names = []
     for name in names:
         if name not in ENVS:
             raise EnvConfigError(f"--envs: environment {name!r} is unknown: expected one of {sorted(ENVS)}")

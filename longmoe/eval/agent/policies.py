@@ -120,3 +120,29 @@ class EndpointAgent(HTTPEndpoint):
             keep["tool_calls"] = msg["tool_calls"]
         usage = data.get("usage") or {}
         return AgentReply(turn, keep, usage.get("prompt_tokens"), usage.get("completion_tokens"))
+
+
+class ExpertForcedAgent:
+    """Asks ``inner`` for every turn (a real request: the conversation so far and the tools, its
+    tokens counted) but plays the environment's expert move instead: an episode of full length
+    from any model, untrained ones too, to measure serving at episode length (a horizon-32
+    episode through the HTTP server; ``bench/rollout_long.py``). The conversation sent is exactly
+    the expert's transcript so far. Never a score of ``inner``: the reward is the expert's."""
+
+    def __init__(self, inner: AgentPolicy) -> None:
+        self.inner = inner
+        self.name = f"{inner.name}+forced"
+        self.replies: list[AgentReply] = []  # what ``inner`` answered, turn by turn
+        self._ids = itertools.count(1)
+
+    def turn(self, messages: list[Message], env: Env, max_tokens: int) -> AgentReply:
+        reply = self.inner.turn(messages, env, max_tokens)
+        self.replies.append(reply)
+        move = env.expert()
+        move = replace(
+            move, tool_calls=tuple(replace(tc, id=f"call_{next(self._ids)}") for tc in move.tool_calls)
+        )
+        return AgentReply(move, assistant_message(move), reply.prompt_tokens, reply.completion_tokens)
+
+    def close(self) -> None:
+        self.inner.close()
