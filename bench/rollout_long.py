@@ -138,7 +138,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="horizon 8, 500-character pages (a minute or two)")
     ap.add_argument("--horizon", type=int, default=None, help="episode horizon (default 32; 8 with --quick)")
     ap.add_argument(
-        "--episodes", default=None, help="concurrent episodes per engine row, e.g. 1,4 (default 1,4)"
+        "--episodes", default=None, help="concurrent episodes per engine row, e.g. 1,4 (default 1)"
     )
     ap.add_argument("--no-http", action="store_true", help="skip the HTTP-server row")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite docs/benchmarks.md")
@@ -148,7 +148,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     horizon = args.horizon or (8 if args.quick else 32)
     fields = env_fields(horizon, 500 if args.quick else None)
-    counts = [int(x) for x in (args.episodes or ("1" if args.quick else "1,4")).split(",")]
+    counts = [int(x) for x in (args.episodes or "1").split(",")]
     tok = bench_tokenizer(2048)
     results = []
     with torch.inference_mode():

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from longmoe import checkpoint as ckpt
@@ -77,8 +78,11 @@ def plot_lengths(lengths: dict[str, Any], out: Path) -> Path:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 3.4), squeeze=False)
     for ax, (env, by_h) in zip(axes[0], sorted(lengths.items()), strict=True):
+        every = [x for lens in by_h.values() for x in lens]
+        bins = np.geomspace(0.9 * min(every), 1.1 * max(every), 40)  # shared, so horizons compare
         for h, lens in sorted(by_h.items(), key=lambda kv: int(kv[0])):
-            ax.hist(lens, bins=12, alpha=0.6, label=f"h={h}")
+            ax.hist(lens, bins=bins, alpha=0.6, label=f"h={h}")
+        ax.set_xscale("log")
         ax.set_title(f"{env}: expert episode length")
         ax.set_xlabel("tokens per episode")
         ax.set_ylabel("episodes")
