@@ -16,7 +16,8 @@ The recipes: ``demo`` (also ``longmoe demo``: tokenizer → curriculum pretraini
 → report), ``longctx_tiny`` (the layer-pattern ablation trained short and tested long),
 ``ablations`` (bounded vs unbounded decay, attention residuals, balancers), ``mqar`` (associative
 recall vs state capacity per layer pattern, and length extrapolation; both docs/evidence.md),
-``agent`` (pretrain → SFT → RL) and ``vision_extract`` (image → JSON extraction with a text-only
-control). Pipelines may import every other part of longmoe; nothing else imports a pipeline except
-``longmoe.cli`` (an import-linter contract).
+``agent`` (pretrain → SFT → RL), ``agent-long`` (package ``agent_long``: long-horizon
+trajectory lengths, rollouts at horizon 32, RL credit-assignment arms) and ``vision_extract``
+(image → JSON extraction with a text-only control). Pipelines may import every other part of
+longmoe; nothing else imports a pipeline except ``longmoe.cli`` (an import-linter contract).
 """

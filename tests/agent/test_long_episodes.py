@@ -75,7 +75,7 @@ def test_horizon_32_through_the_engine_with_sessions(engine_parts) -> None:
     assert [t.ids for t in kept] == [t.ids for t in again]  # the same tokens as resubmitting
     resubmitted = sum(u.prefilled for t in again for u in t.turns)
     assert resubmitted > 10 * sum(u.prefilled for t in kept for u in t.turns)
-    assert stats["session_turns"] >= 2 * H
+    assert stats["session_turns"] >= H
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import math
 import pytest
 
 from longmoe.eval.agent.harness import EPISODES_FILE
+from longmoe.pipelines.agent_long import report as long_report
 from longmoe.pipelines.agent_long import run as long_run
 from longmoe.pipelines.agent_long.config import ARMS, CURRICULUM, AgentLongConfig
 
@@ -50,11 +51,11 @@ def test_arms_and_curriculum_start_from_the_right_model(tmp_path, monkeypatch):
 
 def test_verdict_outcomes():
     d = lambda diff, se: {"diff": diff, "se": se}  # noqa: E731
-    assert long_run.verdict(d(0.0, 0.01), d(0.2, 0.01), quick=False).startswith("confirmed")
-    assert long_run.verdict(d(0.2, 0.01), d(0.0, 0.01), quick=False).startswith("refuted")
-    assert long_run.verdict(d(0.0, 0.1), d(0.05, 0.1), quick=False).startswith("not measurable")
-    assert long_run.verdict(d(0.0, 0.01), d(0.2, 0.01), quick=True).startswith("not measured")
-    assert long_run.verdict(None, d(0.2, 0.01), quick=False).startswith("not measured")
+    assert long_report.verdict(d(0.0, 0.01), d(0.2, 0.01), quick=False).startswith("confirmed")
+    assert long_report.verdict(d(0.2, 0.01), d(0.0, 0.01), quick=False).startswith("refuted")
+    assert long_report.verdict(d(0.0, 0.1), d(0.05, 0.1), quick=False).startswith("not measurable")
+    assert long_report.verdict(d(0.0, 0.01), d(0.2, 0.01), quick=True).startswith("not measured")
+    assert long_report.verdict(None, d(0.2, 0.01), quick=False).startswith("not measured")
 
 
 def test_report_pools_seeds_and_pairs_by_task(tmp_path):
@@ -75,7 +76,9 @@ def test_report_pools_seeds_and_pairs_by_task(tmp_path):
     (tmp_path / "evals.json").write_text(json.dumps(evals))
     cfg = AgentLongConfig(run_dir=str(tmp_path), eval_horizons=[8])
     models = {"outcome": ["outcome#s0"], "gigpo": ["gigpo#s0", "gigpo#s1"]}
-    rep = long_run.write_report(cfg, tmp_path, models, {"calculator": {"8": [900, 1000]}}, None, quick=False)
+    rep = long_report.write_report(
+        cfg, tmp_path, models, {"calculator": {"8": [900, 1000]}}, None, quick=False
+    )
     assert rep["arms"]["gigpo"]["8"][0] == pytest.approx(6 / 8) and rep["arms"]["gigpo"]["8"][2] == 8
     p = rep["paired"]["gigpo - outcome"]["8"]
     diffs = [1.0, 0.5, 0.0, 0.5]  # per task: mean over GiGPO's seeds minus outcome's
