@@ -134,6 +134,17 @@ def write_report(
         "",
     ]
     summaries = {n: rl_summary(p) for n, p in sorted((p.name, p) for p in root.glob("rl_*") if p.is_dir())}
+    lines += [
+        "## RL runs: reward, KL and routing drift (means over the first / last 10 steps)",
+        "",
+        "| run | steps | reward first → last | KL last | drift changed last | load TV last |",
+        "|---|---|---|---|---|---|",
+    ]
+    for n, r in summaries.items():
+        lines.append(
+            f"| {n} | {r['steps']} | {r['reward_first']:.3f} → {r['reward_last']:.3f} | {r['kl_last']:.4f} | "
+            f"{r['drift_changed_last']:.3f} | {r['drift_load_tv_last']:.3f} |"
+        )
     report = {
         "config": cfg.to_dict(),
         "arms": {a: {str(h): v for h, v in b.items()} for a, b in arms.items()},
