@@ -140,6 +140,9 @@ def main() -> int:
     ap.add_argument(
         "--episodes", default=None, help="concurrent episodes per engine row, e.g. 1,4 (default 1)"
     )
+    ap.add_argument(
+        "--page-chars", type=int, default=None, help="doclookup page size (default 2000; 500 with --quick)"
+    )
     ap.add_argument("--no-http", action="store_true", help="skip the HTTP-server row")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite docs/benchmarks.md")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
@@ -147,7 +150,7 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     horizon = args.horizon or (8 if args.quick else 32)
-    fields = env_fields(horizon, 500 if args.quick else None)
+    fields = env_fields(horizon, args.page_chars or (500 if args.quick else None))
     counts = [int(x) for x in (args.episodes or "1").split(",")]
     tok = bench_tokenizer(2048)
     results = []
