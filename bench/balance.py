@@ -21,6 +21,7 @@ import torch
 
 from bench.common import RESULTS, bench_tokenizer, markdown_table, write_results
 from longmoe.config import FFNConfig, ModelConfig
+from longmoe.data.batch import Batch
 from longmoe.data.packing import Packer, collate
 from longmoe.layers import balance
 from longmoe.model import LongMoE
@@ -70,7 +71,7 @@ def batches(tok, split: str, seed: int, window: int, n_windows: int):
 
 
 @torch.no_grad()
-def skew_router(model: LongMoE, batch: dict, n_hot: int, offset: float) -> None:
+def skew_router(model: LongMoE, batch: Batch, n_hot: int, offset: float) -> None:
     """Give ``n_hot`` experts per MoE layer a logit offset ≈ ``offset`` for a typical token: add
     ``offset · m / |m|²`` to their router rows, ``m`` the mean input of that layer on ``batch``."""
     means = {}
@@ -80,7 +81,7 @@ def skew_router(model: LongMoE, batch: dict, n_hot: int, offset: float) -> None:
         )
         for i, m in enumerate(model.moe_layers())
     ]
-    model(batch["input_ids"], cu_seqlens=batch["cu_seqlens"])
+    model(batch.input_ids, cu_seqlens=batch.cu_seqlens)
     for h in hooks:
         h.remove()
     for i, m in enumerate(model.moe_layers()):
@@ -98,7 +99,7 @@ def validate(model: LongMoE, val: list[dict]) -> dict:
     model.train()  # train mode so the layers count their load; no dropout anywhere in the model
     losses = []
     for b in val:
-        out = model(b["input_ids"], labels=b["labels"], cu_seqlens=b["cu_seqlens"])
+        out = model(b.input_ids, labels=b.labels, cu_seqlens=b.cu_seqlens)
         losses.append(float(out.ce_loss))
     loads = [m.step_counts.clone() for m in moe]
     for m, s in zip(moe, saved):
@@ -126,7 +127,7 @@ def run(E: int, k: int, balancer: str, tok, args) -> dict:
     for _ in range(args.steps):
         b = next(train)
         model.train()
-        out = model(b["input_ids"], labels=b["labels"], cu_seqlens=b["cu_seqlens"])
+        out = model(b.input_ids, labels=b.labels, cu_seqlens=b.cu_seqlens)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         opt.step()

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from bench.common import markdown_table, write_results
 from longmoe.config import IGNORE_INDEX, FFNConfig, ModelConfig
+from longmoe.data.batch import Batch
 from longmoe.data.packing import Window, collate
 from longmoe.distributed import parallel_dims
 from longmoe.distributed.parallel_dims import ParallelDims, init_distributed, rank, teardown, world_size
@@ -82,7 +83,7 @@ def model_config(quick: bool, alpha: int | None = None) -> ModelConfig:
     )  # fmt: skip
 
 
-def global_batch(n_windows: int, window: int, vocab: int) -> dict:
+def global_batch(n_windows: int, window: int, vocab: int) -> Batch:
     g = torch.Generator().manual_seed(0)
     ws = []
     for _ in range(n_windows):
@@ -144,11 +145,9 @@ def run_layout(args: argparse.Namespace, out: Path, dims: ParallelDims, alpha: i
     b = context_part(b, cp_rank, dims.cp)
 
     def step() -> float:
-        out_ = model(b["input_ids"], cu_seqlens=b["cu_seqlens"])
-        n = int((b["labels"] != IGNORE_INDEX).sum())
-        ce = F.cross_entropy(
-            out_.logits.float().view(-1, cfg.vocab_size), b["labels"].view(-1), reduction="sum"
-        )
+        out_ = model(b.input_ids, cu_seqlens=b.cu_seqlens)
+        n = int((b.labels != IGNORE_INDEX).sum())
+        ce = F.cross_entropy(out_.logits.float().view(-1, cfg.vocab_size), b.labels.view(-1), reduction="sum")
         (total,) = all_reduce_sum([float(n)])
         (ce * world / total).backward()
         if world > 1:

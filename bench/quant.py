@@ -37,7 +37,8 @@ from longmoe.quantize import quantize_model, weight_bytes
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.train.config import TrainConfig, tiny_curriculum
 from longmoe.train.distill import corpus_tokens
-from longmoe.train.pretrain import Trainer, train_tokenizer
+from longmoe.train.pretrain import Trainer
+from longmoe.train.run import train_tokenizer
 
 VARIANTS = ("fp32", "bf16", "int8", "int4")
 LENGTHS = (1024, 4096)

@@ -40,7 +40,8 @@ from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.speculative import truncated_draft
 from longmoe.train.config import TrainConfig, tiny_curriculum
 from longmoe.train.distill import DistillConfig, corpus_tokens, distill
-from longmoe.train.pretrain import Trainer, train_tokenizer
+from longmoe.train.pretrain import Trainer
+from longmoe.train.run import train_tokenizer
 
 DRAFT_LAYERS = 2
 PROMPT_LEN = 64

@@ -70,7 +70,7 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint (or every checkpoint of a run) is missing or unreadable."""
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -136,7 +136,7 @@ def finalize(tmp: Path, run_dir: str | Path, step: int, keep_last: int) -> Path:
     """Seal the assembled ``tmp``: manifest of hashes, fsync, one rename to ``step-XXXXXXXX``, prune."""
     if os.environ.get(FAULT_ENV) == f"kill-in-save:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
-    files = {str(f.relative_to(tmp)): _sha256(f) for f in _files(tmp)}
+    files = {str(f.relative_to(tmp)): sha256_file(f) for f in _files(tmp)}
     (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1) + "\n")
     _fsync_tree(tmp)
     final = step_dir(run_dir, step)
@@ -157,7 +157,7 @@ def is_complete(path: Path, verify_hashes: bool = True) -> bool:
         return False
     for name, digest in files.items():
         f = path / name
-        if not f.is_file() or (verify_hashes and _sha256(f) != digest):
+        if not f.is_file() or (verify_hashes and sha256_file(f) != digest):
             return False
     return STATE_FILE in files and (
         all(n in files for n in MODEL_FILES) or all(n in files for n in SHARDED_FILES)

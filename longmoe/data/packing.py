@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import torch
 
 from longmoe.config import IGNORE_INDEX
+from longmoe.data.batch import Batch
 from longmoe.data.corpus import DataError, Document
 from longmoe.data.images import ImageError, ImageLoader
 from longmoe.types import Patches
@@ -235,12 +236,12 @@ class Packer:
         return Window(ids, labels, segs, images)
 
 
-def collate(windows: list[Window]) -> dict[str, Any]:
+def collate(windows: list[Window]) -> Batch:
     """Flatten windows into one packed row (B=1) with ``cu_seqlens`` over every segment of every window.
 
-    Returns ``input_ids [1, N]``, ``labels [1, N]``, ``cu_seqlens [S+1]`` (int32) with N = Σ window lengths,
-    and ``images`` (the windows' ``Patches`` in row order, for ``LongMoE.encode_images``) when any window
-    has images.
+    A ``Batch`` of ``input_ids [1, N]``, ``labels [1, N]``, ``cu_seqlens [S+1]`` (int32) with
+    N = Σ window lengths, the windows' ``Patches`` in row order (for ``LongMoE.encode_images``) and
+    the windows' lengths (how a sharded step deals them to ranks).
     """
     ids = [t for w in windows for t in w.input_ids]
     labels = [t for w in windows for t in w.labels]
@@ -248,12 +249,10 @@ def collate(windows: list[Window]) -> dict[str, Any]:
     for w in windows:
         for s in w.seg_lens:
             cu.append(cu[-1] + s)
-    out: dict[str, Any] = {
-        "input_ids": torch.tensor([ids], dtype=torch.long),  # [1, N]
-        "labels": torch.tensor([labels], dtype=torch.long),  # [1, N]
-        "cu_seqlens": torch.tensor(cu, dtype=torch.int32),  # [S+1]
-    }
-    images = [p for w in windows for p in w.images]
-    if images:
-        out["images"] = images
-    return out
+    return Batch(
+        input_ids=torch.tensor([ids], dtype=torch.long),  # [1, N]
+        labels=torch.tensor([labels], dtype=torch.long),  # [1, N]
+        cu_seqlens=torch.tensor(cu, dtype=torch.int32),  # [S+1]
+        images=[p for w in windows for p in w.images],
+        window_lengths=tuple(len(w.input_ids) for w in windows),
+    )

@@ -22,6 +22,7 @@ from longmoe.rl.config import LEGACY_ENGINE_FIELDS, RL_CONFIG, RLConfig
 from longmoe.rl.plots import render
 from longmoe.rl.trainer import RLTrainer
 from longmoe.serve.engine_config import EngineConfig
+from longmoe.train.run import is_resumed
 
 
 def field_help() -> dict[str, str]:
@@ -114,8 +115,7 @@ def config_from_args(args: argparse.Namespace) -> RLConfig:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    resume = args.resume and (args.run_dir / RL_CONFIG).exists()
-    cfg = None if resume else config_from_args(args)
+    cfg = None if is_resumed(args.run_dir, args.resume, RL_CONFIG) else config_from_args(args)
     if cfg is not None and not cfg.init:
         raise ConfigError("--init: expected the model directory or run to start RL from")
     trainer = RLTrainer(args.run_dir, cfg, resume=args.resume, max_steps=args.max_steps)

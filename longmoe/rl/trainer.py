@@ -21,8 +21,12 @@ One RL step:
    ``mismatch_mean``), routing drift vs the reference on the step's policy tokens.
 
 The run directory: ``rl_config.json``, ``tokenizer.json``, ``reference/`` (the frozen starting
-weights, written once), ``metrics.jsonl``, atomic ``checkpoints/step-N/`` (policy weights and
-balancer state, optimizer, RNG, step; ``longmoe.checkpoint``) and ``final/``. ``--resume`` continues
+weights, written once), ``metrics.jsonl``, atomic ``checkpoints/step-N/`` and ``final/``. The
+checkpoints are the ``Checkpointer``'s (``train/checkpointer.py``): policy weights and balancer state,
+optimizer, the (constant) LR schedule's position, RNG, step, and the reference's weight hash (a
+resume against a swapped reference is refused). The PPO "old policy" needs no state of its own: its
+log-probs are recomputed from the current weights at the start of every update (step 3).
+``--resume`` continues
 from the newest complete checkpoint and equals an uninterrupted run: task seeds and sampling seeds
 are functions of the step, the minibatch order of a seeded generator.
 """
@@ -41,21 +45,26 @@ import torch
 from longmoe import checkpoint as ckpt
 from longmoe.agent.rollout import RolloutConfig, Trajectory, collect
 from longmoe.data.tokenizer import TOKENIZER_FILE
+from longmoe.distributed.parallel_dims import ParallelDims
 from longmoe.envs import Env, make_env
 from longmoe.envs.seeds import train_task_seed
-from longmoe.model import LongMoE
+from longmoe.model import WEIGHTS_FILE, LongMoE
 from longmoe.rl.advantage import turn_advantages
 from longmoe.rl.config import REFERENCE_DIR, RL_CONFIG, RLConfig
 from longmoe.rl.loss import policy_loss, tis_weights
 from longmoe.runlog import append_metrics, truncate_metrics
 from longmoe.serve.engine import Engine
+from longmoe.train.checkpointer import RNG, Checkpointer, Progress
 from longmoe.train.drift import freeze_routing, measure_drift
-from longmoe.train.optim import param_groups
-from longmoe.train.rng import rng_state, seed_everything, set_rng_state
+from longmoe.train.optim import LRSchedule, ScheduleConfig, build_optimizer
+from longmoe.train.parallel import SingleProcess
+from longmoe.train.rng import seed_everything
+from longmoe.train.run import is_resumed
 
 log = logging.getLogger(__name__)
 
 EnvFactory = Callable[[int], Env]  # horizon -> a fresh environment
+RL_BETAS = (0.9, 0.999)  # torch's AdamW defaults, which RL has always used
 NO_SIGNAL_KL = 1e-6  # mean k3 below which a minibatch without advantages has nothing to learn
 
 
@@ -114,6 +123,25 @@ def rollout_summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
     }
 
 
+class ReferenceFingerprint:
+    """A checkpoint part: the hash of the frozen reference's weights (``RUN/reference/``, written once),
+    so a run whose reference was swapped is refused instead of measuring KL to another model."""
+
+    def __init__(self, ref_dir: Path) -> None:
+        self.path = ref_dir / WEIGHTS_FILE
+        self.digest = ckpt.sha256_file(self.path)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sha256": self.digest}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["sha256"] != self.digest:
+            raise ckpt.CheckpointError(
+                f"{self.path} is not the reference this run's checkpoints were trained against "
+                "(its hash differs): restore the run's reference/ or start a new run"
+            )
+
+
 class RLTrainer:
     """Builds (or resumes) an RL run and trains it; ``fit()`` runs to ``steps``."""
 
@@ -129,12 +157,11 @@ class RLTrainer:
         build environments by horizon instead of ``make_env(cfg.env, ...)`` (tests)."""
         self.run_dir = Path(run_dir)
         self.max_steps = max_steps
-        if resume and (self.run_dir / RL_CONFIG).exists():
+        if is_resumed(self.run_dir, resume, RL_CONFIG):
             cfg = RLConfig.load(self.run_dir / RL_CONFIG)  # a resume never changes the run
         if cfg is None:
             raise ValueError(f"run {self.run_dir}: a new RL run needs an RLConfig")
         self.cfg = cfg
-        restored = ckpt.load_latest(self.run_dir) if resume else None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         ref_dir = self.run_dir / REFERENCE_DIR
         if not ref_dir.exists():
@@ -149,28 +176,31 @@ class RLTrainer:
         self.reference = ckpt.load_model(ref_dir).model.eval().requires_grad_(False)
         if cfg.freeze_router:  # before the optimizer: frozen routers are not in its groups
             freeze_routing(self.policy)
-        self.opt = torch.optim.AdamW(param_groups(self.policy, cfg.weight_decay), lr=cfg.lr)
-        self.step = 0
-        if restored is not None:
-            path, state = restored
-            ckpt.load_weights(self.policy, path)
-            self.opt.load_state_dict(state["optimizer"])
-            set_rng_state(state["rng"])
-            self.step = int(state["step"])
-            log.info("resumed %s at step %d", self.run_dir, self.step)
+        self.opt = build_optimizer(self.policy, cfg.lr, cfg.weight_decay, betas=RL_BETAS)
+        self.schedule = LRSchedule(self.opt, ScheduleConfig(lr=cfg.lr, schedule="constant"), cfg.steps)
+        self.counters = Progress()
+        self.checkpointer = Checkpointer(
+            self.run_dir, self.policy, self.opt, SingleProcess(ParallelDims(), torch.device("cpu")),
+            self.policy.cfg, self.run_dir / TOKENIZER_FILE, self.counters,
+            {"schedule": self.schedule, "rng": RNG(), "reference": ReferenceFingerprint(ref_dir)},
+            cfg.keep_last,
+        )  # fmt: skip
+        if resume:
+            self.checkpointer.restore()
         truncate_metrics(self.run_dir, self.step)  # a resumed log reads as one uninterrupted run
         self.env_factory = env_factory or (lambda h: make_env(cfg.env, horizon=h, **cfg.env_args))
         self.engine = Engine(self.policy, self.tok, cfg.engine_config())  # serves the policy module itself
+
+    @property
+    def step(self) -> int:
+        return self.counters.step
 
     # ------------------------------------------------------------------ run files
     def log(self, rec: dict[str, Any]) -> None:
         append_metrics(self.run_dir, rec)
 
     def save(self) -> Path:
-        state = {"step": self.step, "optimizer": self.opt.state_dict(), "rng": rng_state()}
-        return ckpt.save_checkpoint(
-            self.run_dir, self.step, self.policy, self.run_dir / TOKENIZER_FILE, state, self.cfg.keep_last
-        )
+        return self.checkpointer.save()
 
     def close(self) -> None:
         self.engine.close()
@@ -250,6 +280,7 @@ class RLTrainer:
                     total = float(sum(micro[k]["mask"].sum() for k in part))
                 else:
                     total = float(sum((micro[k]["mask"].sum(1) > 0).sum() for k in part))
+                self.schedule.apply()
                 self.opt.zero_grad(set_to_none=True)
                 mb_kl = 0.0
                 for k in part:
@@ -286,8 +317,7 @@ class RLTrainer:
                         layer.discard_step_counts()
                 n_opt += 1
         self.policy.eval()
-        if self.engine.prefix is not None:
-            self.engine.prefix.clear()  # snapshots hold the old weights' states
+        self.engine.weights_changed()  # prefix snapshots hold the old weights' states
         out.update({k: v / max(n_opt, 1) for k, v in sums.items()})
         out["grad_norm"] = sum(norms) / max(len(norms), 1)
         out["skipped_updates"] = skipped
@@ -310,7 +340,7 @@ class RLTrainer:
             return {}
         m = token_tensors(sample)
         mask = torch.cat([m["mask"], torch.zeros(len(sample), 1, dtype=torch.bool)], 1)  # per input token
-        return measure_drift(self.policy, self.reference, {"input_ids": m["input_ids"]}, mask).record()
+        return measure_drift(self.policy, self.reference, m["input_ids"], mask).record()
 
     def train_step(self) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -319,7 +349,8 @@ class RLTrainer:
         advs = self.advantages(trajs)
         parts = self.update(trajs, advs)
         t2 = time.perf_counter()
-        self.step += 1
+        self.schedule.advance()
+        self.counters.step += 1
         n_tok = sum(len(t.ids) for t in trajs)
         rec: dict[str, Any] = {"step": self.step, **rollout_summary(trajs), **parts}
         rec["adv_abs"] = sum(abs(a) for ad in advs for a in ad) / max(1, sum(len(a) for a in advs))

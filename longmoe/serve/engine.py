@@ -261,6 +261,12 @@ class Engine:
             **(self.compiled.report() if self.compiled is not None else {}),
         }
 
+    def weights_changed(self) -> None:
+        """The served module's weights were updated in place (an RL update): drop the prefix
+        snapshots, whose states were computed with the old weights."""
+        if self.prefix is not None:
+            self.prefix.clear()
+
     def stop(self) -> None:
         """End the loop (``run_forever`` or the engine thread's) without waiting for it; safe from a
         signal handler or another thread. Requests still queued end as cancelled."""

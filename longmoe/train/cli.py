@@ -19,20 +19,13 @@ from longmoe.config import ConfigError, ModelConfig
 from longmoe.configio import load_json
 from longmoe.data.stages import CurriculumStage, tiny_curriculum
 from longmoe.data.tokenizer import Tokenizer
-from longmoe.distributed.parallel_dims import (
-    ParallelDims,
-    barrier,
-    init_distributed,
-    is_rank0,
-    teardown,
-    world_size,
-)
+from longmoe.distributed.parallel_dims import ParallelDims, barrier, is_rank0, teardown, world_size
 from longmoe.errors import UserError
-from longmoe.memory import check_memory
 from longmoe.presets import preset
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import render
-from longmoe.train.pretrain import Trainer, config_differences, train_tokenizer
+from longmoe.train.pretrain import Trainer
+from longmoe.train.run import check_resumable, train_tokenizer
 
 DEFAULT_PRESET = "tiny"
 
@@ -146,24 +139,12 @@ def build_model_config(args: argparse.Namespace) -> ModelConfig:
     return preset(args.preset or DEFAULT_PRESET)
 
 
-def check_resumable(args: argparse.Namespace) -> None:
-    """``--resume`` needs an existing run, and a --config/--preset given with it must be the run's."""
-    run_cfg = args.run_dir / ckpt.CONFIG_FILE
-    if not args.run_dir.is_dir():
-        raise UserError(
-            f"--resume: run directory {args.run_dir} does not exist (drop --resume to start a run)"
-        )
-    if not run_cfg.is_file():
-        raise UserError(f"--resume: {args.run_dir} is not a training run (no {ckpt.CONFIG_FILE})")
-    if args.config is not None or args.preset is not None:
-        given = build_model_config(args)
-        diff = config_differences(ModelConfig.load(run_cfg).to_dict(), given.to_dict())
-        if diff:
-            what = f"--config {args.config}" if args.config is not None else f"--preset {args.preset}"
-            raise UserError(
-                f"--resume: {what} differs from the run's {run_cfg} in {', '.join(diff)} "
-                "(a resumed run keeps its own config; drop the flag or use another --run-dir)"
-            )
+def given_model_config(args: argparse.Namespace) -> tuple[ModelConfig | None, str]:
+    """The model config a --config/--preset flag names (None: neither given) and the flag, in words."""
+    if args.config is None and args.preset is None:
+        return None, ""
+    what = f"--config {args.config}" if args.config is not None else f"--preset {args.preset}"
+    return build_model_config(args), what
 
 
 def shared_tokenizer(run_dir: Path, vocab_size: int, data: str | None) -> Tokenizer:
@@ -193,28 +174,16 @@ def parallel_dims(args: argparse.Namespace) -> ParallelDims | None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    launch = {"progress": not args.no_progress, "max_steps": args.max_steps, "dims": parallel_dims(args)}
     try:
-        init_distributed(args.device)  # under torchrun: join the group now (the tokenizer is shared)
-        dims = parallel_dims(args)
-        launch = {"device": args.device, "dims": dims}
         if args.resume:
-            check_resumable(args)
-        barrier()  # every rank decided before rank 0 creates the run's files
-        if args.resume:
-            trainer = Trainer(
-                args.run_dir, resume=True, progress=not args.no_progress, max_steps=args.max_steps, **launch
-            )
+            check_resumable(args.run_dir, ckpt.CONFIG_FILE, *given_model_config(args))
+            trainer = Trainer(args.run_dir, resume=True, device=args.device, **launch)
         else:
             mcfg, tcfg = build_model_config(args), build_train_config(args)
-            check_memory(mcfg)  # before minutes of tokenizer training, not after
-            if args.tokenizer is not None:
-                tok = Tokenizer.from_file(args.tokenizer)
-            else:
-                tok = shared_tokenizer(args.run_dir, mcfg.vocab_size, tcfg.data)
-            trainer = Trainer(
-                args.run_dir, mcfg, tcfg, tok, progress=not args.no_progress, max_steps=args.max_steps,
-                **launch,
-            )  # fmt: skip
+            tok = args.tokenizer and Tokenizer.from_file(args.tokenizer)
+            make_tok = lambda: shared_tokenizer(args.run_dir, mcfg.vocab_size, tcfg.data)  # noqa: E731
+            trainer = Trainer(args.run_dir, mcfg, tcfg, tok or make_tok, device=args.device, **launch)
         summary = trainer.fit()
     except UserError:
         raise

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 
 from longmoe.configio import JsonConfig, check_types, dataclass_from_dict
 from longmoe.data.stages import CurriculumStage, tiny_curriculum
+from longmoe.train.optim import SCHEDULES
 from longmoe.validation import check, is_positive_int
-
-SCHEDULES = ("cosine", "wsd", "constant")
 
 
 @dataclass

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.config import VisionConfig
+from longmoe.data.batch import Batch
 from longmoe.data.images import ImageLoader
 from longmoe.data.packing import Packer, collate
 from longmoe.data.stages import CurriculumStage
@@ -103,7 +104,7 @@ class Curriculum:
         return self._packers[key]
 
     # ------------------------------------------------------------------ batches
-    def next_batch(self) -> dict[str, Any]:
+    def next_batch(self) -> Batch:
         """The next packed batch; advances to the next stage when the current one's budget is spent."""
         if self.done:
             raise StopIteration("curriculum finished")
@@ -113,26 +114,19 @@ class Curriculum:
         if s.n_replay:
             rep = self.packer(s.replay_mix, s.replay_window, s.synthetic_loss, s.synthetic_length)
             windows += [rep.next_window(s.replay_window) for _ in range(s.n_replay)]
-        batch = collate(windows)
-        batch.update(
-            stage=self.stage_idx,
-            stage_name=s.name,
-            n_long=s.batch_size,
-            n_short=s.n_replay,
-            long_tokens=s.batch_size * s.window,
-            window=s.window,
-        )
+        batch = collate(windows).replace(stage=self.stage_idx, stage_name=s.name, window=s.window)
         self.batch_in_stage += 1
         if self.batch_in_stage >= s.steps:
             self.stage_idx, self.batch_in_stage = self.stage_idx + 1, 0
         return batch
 
-    def state(self) -> dict[str, Any]:
+    # a checkpoint part (``train/checkpointer.py``)
+    def state_dict(self) -> dict[str, Any]:
         packers = dict(self._saved)
         packers.update({k: p.state() for k, p in self._packers.items()})
         return {"stage": self.stage_idx, "batch_in_stage": self.batch_in_stage, "packers": packers}
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stage_idx, self.batch_in_stage = int(state["stage"]), int(state["batch_in_stage"])
         self._packers, self._saved = {}, dict(state["packers"])
 
@@ -145,7 +139,7 @@ def val_batches(
     data: str | Path | None = None,
     seed: int = 1234,
     vision: VisionConfig | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Batch]:
     """Fixed validation data: the first ``n_windows`` windows of ``length`` from the val split, one packed
     batch each (scored separately so attention memory stays O(length²), not O((n·length)²))."""
     src = make_mix(mix or {"file": 1.0}, "val", seed, tokenizer, data, synthetic_length=length)

@@ -21,6 +21,9 @@ from tqdm import tqdm
 from longmoe.data.corpus import corpus_documents
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.model import LongMoE
+from longmoe.train.optim import build_optimizer
+
+DISTILL_BETAS = (0.9, 0.999)  # torch's AdamW defaults, which distillation has always used
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ def distill(
     if tokens.numel() <= cfg.seq_len:
         raise ValueError(f"distill: {tokens.numel()} tokens is fewer than one window of {cfg.seq_len}")
     gen = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+    opt = build_optimizer(draft, cfg.lr, weight_decay=0.0, betas=DISTILL_BETAS)
     target.eval()
     draft.train()
     losses = []

@@ -39,9 +39,11 @@ def layer_choices(layer: MoELayer, x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def routing_choices(model: LongMoE, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """Per MoE layer, the top-k expert ids for every token of ``batch`` (``input_ids [B, T]``, optional
-    ``cu_seqlens``): a list of ``[B·T, k]`` long tensors, on the CPU. Runs one eval-mode forward."""
+def routing_choices(
+    model: LongMoE, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+) -> list[torch.Tensor]:
+    """Per MoE layer, the top-k expert ids for every token of ``input_ids [B, T]`` (packed segments
+    with ``cu_seqlens``): a list of ``[B·T, k]`` long tensors, on the CPU. Runs one eval-mode forward."""
     layers = model.moe_layers()
     out: list[torch.Tensor] = []
     hooks = [
@@ -50,9 +52,9 @@ def routing_choices(model: LongMoE, batch: dict[str, torch.Tensor]) -> list[torc
     was_training = model.training
     model.eval()
     dev = next(model.parameters()).device
-    cu = batch.get("cu_seqlens")
+    cu = cu_seqlens
     try:
-        model(batch["input_ids"].to(dev), cu_seqlens=None if cu is None else cu.to(dev))
+        model(input_ids.to(dev), cu_seqlens=None if cu is None else cu.to(dev))
     finally:
         for h in hooks:
             h.remove()
@@ -118,12 +120,12 @@ def routing_drift(
 
 
 def measure_drift(
-    model: LongMoE, reference: LongMoE, batch: dict[str, torch.Tensor], token_mask: torch.Tensor | None = None
+    model: LongMoE, reference: LongMoE, input_ids: torch.Tensor, token_mask: torch.Tensor | None = None
 ) -> RoutingDrift:
-    """Routing drift of ``model`` from ``reference`` on ``batch`` (both forwards in eval mode)."""
+    """Routing drift of ``model`` from ``reference`` on ``input_ids [B, T]`` (both forwards in eval mode)."""
     n_experts = model.cfg.ffn.n_experts
     return routing_drift(
-        routing_choices(model, batch), routing_choices(reference, batch), n_experts, token_mask
+        routing_choices(model, input_ids), routing_choices(reference, input_ids), n_experts, token_mask
     )
 
 

@@ -32,11 +32,12 @@ import torch
 from longmoe import checkpoint as ckpt
 from longmoe.config import IGNORE_INDEX, ModelConfig
 from longmoe.configio import JsonConfig, check_types
+from longmoe.data.batch import Batch
 from longmoe.data.chat import encode_chat
 from longmoe.data.packing import Window, collate
 from longmoe.data.stages import CurriculumStage
 from longmoe.data.tokenizer import Tokenizer
-from longmoe.distributed.parallel_dims import is_rank0
+from longmoe.distributed.parallel_dims import is_rank0, launched
 from longmoe.envs import ENVS, HELD_OUT_SEED_BASE, Env, Episode, env_config, make_env, play
 from longmoe.envs.seeds import train_task_seed
 from longmoe.errors import UserError
@@ -45,6 +46,7 @@ from longmoe.train.config import TrainConfig
 from longmoe.train.curriculum import Curriculum, val_batches
 from longmoe.train.drift import RoutingDrift, routing_choices, routing_drift
 from longmoe.train.pretrain import Trainer
+from longmoe.train.run import is_resumed
 from longmoe.validation import check, is_positive_int
 
 SFT_CONFIG = "sft_config.json"
@@ -138,7 +140,7 @@ class SFTData(Curriculum):
         seed = HELD_OUT_SEED_BASE + index if held_out else train_task_seed(rng)
         return play(self.env(name, horizon), seed)
 
-    def next_batch(self) -> dict[str, Any]:
+    def next_batch(self) -> Batch:
         if self.done:
             raise StopIteration("SFT data finished")
         s = self.stage
@@ -150,14 +152,15 @@ class SFTData(Curriculum):
         if s.n_replay:
             rep = self.packer(s.replay_mix, s.replay_window)
             windows += [rep.next_window(s.replay_window) for _ in range(s.n_replay)]
-        batch = collate(windows)
-        batch.update(stage=self.stage_idx, stage_name=s.name, window=s.window, n_demos=s.batch_size)
+        batch = collate(windows).replace(
+            stage=self.stage_idx, stage_name=s.name, window=s.window, n_demos=s.batch_size
+        )
         self.batch_in_stage += 1
         if self.batch_in_stage >= s.steps:
             self.stage_idx, self.batch_in_stage = self.stage_idx + 1, 0
         return batch
 
-    def probe(self) -> list[dict[str, torch.Tensor]]:
+    def probe(self) -> list[Batch]:
         """The fixed drift probe: held-out demonstrations (one packed row) and one validation window."""
         out = []
         if self.sft.drift_probe:
@@ -166,17 +169,17 @@ class SFTData(Curriculum):
         out += val_batches(self.tok, self.stage.replay_window, 1, mix=self.stage.replay_mix, data=self.data)
         return out
 
-    def state(self) -> dict[str, Any]:
-        return {**super().state(), "demo_index": self.demo_index}
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "demo_index": self.demo_index}
 
-    def restore(self, state: dict[str, Any]) -> None:
-        super().restore(state)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self.demo_index = int(state["demo_index"])
 
 
-def probe_choices(model: LongMoE, probe: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+def probe_choices(model: LongMoE, probe: list[Batch]) -> list[torch.Tensor]:
     """Per MoE layer, the choices on every probe token (batches concatenated in order)."""
-    per_batch = [routing_choices(model, b) for b in probe]
+    per_batch = [routing_choices(model, b.input_ids, b.cu_seqlens) for b in probe]
     return [torch.cat([c[i] for c in per_batch]) for i in range(len(per_batch[0]))]
 
 
@@ -194,7 +197,7 @@ class SFTTrainer(Trainer):
         device: str = "cpu",
     ) -> None:
         run_dir = Path(run_dir)
-        existing = resume and (run_dir / SFT_CONFIG).is_file()
+        existing = is_resumed(run_dir, resume, SFT_CONFIG)
         if existing:  # the run's own files win, as for pretraining
             sft_cfg = SFTConfig.load(run_dir / SFT_CONFIG)
         if sft_cfg is None:
@@ -205,9 +208,9 @@ class SFTTrainer(Trainer):
             init_dir = ckpt.resolve_model_dir(sft_cfg.init_from)
             model_cfg = ModelConfig.load(init_dir / ckpt.CONFIG_FILE)
             tok = Tokenizer.from_file(init_dir / ckpt.TOKENIZER_FILE)
-        super().__init__(run_dir, model_cfg, train_cfg, tok, resume, progress, max_steps, device)
-        if self.par.enabled:
+        if launched():  # before joining a group: one process, as the demonstrations are not sharded
             raise UserError("longmoe sft runs in one process (launch it without torchrun)")
+        super().__init__(run_dir, model_cfg, train_cfg, tok, resume, progress, max_steps, device)
         if not existing and is_rank0():
             sft_cfg.save(run_dir / SFT_CONFIG)
         if self.step == 0:  # a new run (or one resumed before its first checkpoint): the start weights

@@ -18,6 +18,7 @@ from longmoe.envs import ENVS
 from longmoe.errors import UserError
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import render
+from longmoe.train.run import check_resumable
 from longmoe.train.sft import SFT_CONFIG, SFTConfig, SFTTrainer, sft_stage
 
 
@@ -162,8 +163,7 @@ def run(args: argparse.Namespace) -> int:
     launch = {"progress": not args.no_progress, "max_steps": args.max_steps, "device": args.device}
     try:
         if args.resume:
-            if not (args.run_dir / SFT_CONFIG).is_file():
-                raise UserError(f"--resume: {args.run_dir} is not an SFT run (no {SFT_CONFIG})")
+            check_resumable(args.run_dir, SFT_CONFIG)
             trainer = SFTTrainer(args.run_dir, resume=True, **launch)
         else:
             sft, tcfg = build_configs(args)

@@ -1,4 +1,4 @@
-"""The trainer's side of scale-out: the run's parallel layout and each rank's share of every batch.
+"""The trainer's side of scale-out: each rank's share of every batch.
 
 Every rank runs the same curriculum (same seed, same packers), so all ranks hold the same global batch
 and the same data position: a checkpoint's data state does not depend on the world size, and a run
@@ -10,82 +10,16 @@ one-process gradient of the mean loss over the whole batch. Under context parall
 of a data rank share its windows and each takes a contiguous part of the packed row
 (``context_part``); the model gets the row's global ``cu_seqlens`` and splits the recurrences itself.
 
-Without ``torchrun`` the layout is one process, nothing is sharded and the trainer runs unchanged.
+The strategy object that applies these per rank is ``train/parallel.py``.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
-from typing import Any
-
 import torch
-from torch.distributed.device_mesh import DeviceMesh
 
 from longmoe.config import ConfigError
+from longmoe.data.batch import Batch
 from longmoe.data.stages import CurriculumStage
-from longmoe.distributed.parallel_dims import (
-    ParallelDims,
-    data_rank,
-    init_distributed,
-    is_distributed,
-    world_size,
-)
-from longmoe.train.config import TrainConfig
-
-log = logging.getLogger(__name__)
-
-
-@dataclass
-class ParallelRun:
-    """This process's place in the run: layout, mesh (None when single-process) and device."""
-
-    dims: ParallelDims
-    mesh: DeviceMesh | None
-    device: torch.device
-
-    @property
-    def enabled(self) -> bool:
-        """True under ``torchrun`` (even with one rank: FSDP over a 1-rank mesh)."""
-        return self.mesh is not None
-
-    @property
-    def data_rank(self) -> int:
-        return 0 if self.mesh is None else data_rank(self.mesh)
-
-    @property
-    def cp_rank(self) -> int:
-        return 0 if self.mesh is None else self.mesh["cp"].get_local_rank()
-
-    @property
-    def data_degree(self) -> int:
-        return self.dims.data_degree
-
-    @property
-    def world(self) -> int:
-        return self.dims.world_size
-
-
-def start_run(tcfg: TrainConfig, device: str = "cpu", dims: ParallelDims | None = None) -> ParallelRun:
-    """Join the process group if launched by ``torchrun`` and build the layout.
-
-    ``dims`` (the command-line flags) wins; else the train config's degrees when they fit the world;
-    else every rank is data-parallel (a run resumed on another world size keeps working: DCP reshards).
-    """
-    dev = init_distributed(device)
-    world = world_size()
-    if dims is None:
-        try:
-            dims = ParallelDims.for_world(world, tcfg.dp_shard, tcfg.ep, tcfg.cp)
-        except ConfigError:
-            if tcfg.dp_shard is None and tcfg.ep == 1 and tcfg.cp == 1:
-                raise
-            dims = ParallelDims.for_world(world)
-            log.info("train config layout does not fit %d processes; using %s", world, dims.describe())
-    dims.validate(world)
-    check_batches(tcfg.stages, dims.data_degree)
-    mesh = dims.build_mesh(dev) if is_distributed() else None
-    return ParallelRun(dims, mesh, dev)
 
 
 def window_lengths(stage: CurriculumStage) -> list[int]:
@@ -116,7 +50,7 @@ def assign_windows(lengths: list[int], parts: int) -> list[list[int]]:
     return [sorted(o) for o in out]
 
 
-def shard_batch(batch: dict[str, Any], lengths: list[int], part: int, parts: int) -> dict[str, Any]:
+def shard_batch(batch: Batch, lengths: list[int], part: int, parts: int) -> Batch:
     """The windows of packed ``batch`` (``input_ids``/``labels [1, N]``, ``cu_seqlens``) that rank
     ``part`` of ``parts`` trains on, re-packed with their own ``cu_seqlens``."""
     if parts == 1:
@@ -124,45 +58,41 @@ def shard_batch(batch: dict[str, Any], lengths: list[int], part: int, parts: int
     starts = [0]
     for n in lengths:
         starts.append(starts[-1] + n)
-    cu = batch["cu_seqlens"].tolist()
+    cu = batch.cu_seqlens.tolist()
     ids, labels, offsets = [], [], [0]
-    for w in assign_windows(lengths, parts)[part]:
+    mine = assign_windows(lengths, parts)[part]
+    for w in mine:
         a, b = starts[w], starts[w + 1]
-        ids.append(batch["input_ids"][:, a:b])
-        labels.append(batch["labels"][:, a:b])
+        ids.append(batch.input_ids[:, a:b])
+        labels.append(batch.labels[:, a:b])
         base = offsets[-1]
         offsets += [base + c - a for c in cu if a < c <= b]  # segments never cross a window edge
-    out = dict(batch)
-    out.update(
+    return batch.replace(
         input_ids=torch.cat(ids, 1),  # [1, n]
         labels=torch.cat(labels, 1),  # [1, n]
-        cu_seqlens=torch.tensor(offsets, dtype=batch["cu_seqlens"].dtype),
+        cu_seqlens=torch.tensor(offsets, dtype=batch.cu_seqlens.dtype),
+        window_lengths=tuple(lengths[w] for w in mine),
     )
-    return out
 
 
-def context_part(batch: dict[str, Any], part: int, parts: int) -> dict[str, Any]:
+def context_part(batch: Batch, part: int, parts: int) -> Batch:
     """Part ``part`` of ``parts`` equal contiguous parts of the packed row (``input_ids``/``labels``);
     ``cu_seqlens`` stay the whole row's (context parallel takes global offsets)."""
     if parts == 1:
         return batch
-    n = batch["input_ids"].shape[1]
+    n = batch.input_ids.shape[1]
     if n % parts:
         raise ConfigError(
             f"context parallel: a rank's packed row has {n} tokens, not divisible by --cp {parts}: "
             "choose window lengths (and replay windows) that are multiples of the cp degree"
         )
     t = n // parts
-    out = dict(batch)
-    out.update(
-        input_ids=batch["input_ids"][:, part * t : (part + 1) * t],  # [1, n / parts]
-        labels=batch["labels"][:, part * t : (part + 1) * t],
+    return batch.replace(
+        input_ids=batch.input_ids[:, part * t : (part + 1) * t],  # [1, n / parts]
+        labels=batch.labels[:, part * t : (part + 1) * t],
     )
-    return out
 
 
-def batch_to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """``batch`` with its tensors on ``device`` (the same dict when already there)."""
-    if device.type == "cpu":
-        return batch
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+def batch_to(batch: Batch, device: torch.device) -> Batch:
+    """``batch`` with its tensors on ``device`` (the same batch when already there)."""
+    return batch if device.type == "cpu" else batch.to(device)

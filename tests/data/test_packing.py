@@ -61,8 +61,8 @@ def test_collate_cu_seqlens() -> None:
     p = Packer(_docs([5, 3, 9]), _encode, BOS, EOS)
     ws = [p.next_window(6), p.next_window(4)]
     b = collate(ws)
-    assert b["input_ids"].shape == b["labels"].shape == (1, 10)
-    cu = b["cu_seqlens"].tolist()
+    assert b.input_ids.shape == b.labels.shape == (1, 10)
+    cu = b.cu_seqlens.tolist()
     assert cu[0] == 0 and cu[-1] == 10 and 6 in cu
     assert cu == sorted(cu)
 

@@ -70,7 +70,7 @@ def test_spans_whole_images_aligned_labels_text_only(tmp_path, window):
         assert not image_ids & set(w.labels)  # loss on text only
         seen += len(w.images)
         b = collate([w])
-        assert b.get("images", []) == w.images
+        assert b.images == w.images
     assert seen >= 5 and p.dropped_images == 0  # every span (≤ 18 tokens) fits these windows
 
 

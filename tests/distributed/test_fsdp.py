@@ -58,9 +58,9 @@ def train_steps(model, opt, steps: range) -> list[float]:
     losses = []
     for step in steps:
         b = collate(global_batch(step)[rank() :: world_size()])
-        out = model(b["input_ids"], cu_seqlens=b["cu_seqlens"])
-        n = int((b["labels"] != IGNORE_INDEX).sum())
-        ce_sum = F.cross_entropy(out.logits.view(-1, 128).float(), b["labels"].view(-1), reduction="sum")
+        out = model(b.input_ids, cu_seqlens=b.cu_seqlens)
+        n = int((b.labels != IGNORE_INDEX).sum())
+        ce_sum = F.cross_entropy(out.logits.view(-1, 128).float(), b.labels.view(-1), reduction="sum")
         (total,) = all_reduce_sum([float(n)])
         (ce_sum * world_size() / total).backward()
         clip_grad_norm_(model.parameters(), 1.0)  # the gradient norm is 2-4: clipping is active

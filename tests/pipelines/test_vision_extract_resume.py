@@ -10,8 +10,9 @@ import torch
 
 from longmoe.pipelines.vision_extract.config import quick
 from longmoe.pipelines.vision_extract.data import char_tokenizer
-from longmoe.pipelines.vision_extract.train import CKPT, build_model, train_extractor
-from longmoe.train.optim import param_groups
+from longmoe.pipelines.vision_extract.train import LEGACY_CKPT as CKPT
+from longmoe.pipelines.vision_extract.train import RECIPE_BETAS, build_model, train_extractor
+from longmoe.train.optim import build_optimizer
 
 RAN: list[str] = []
 
@@ -28,7 +29,7 @@ class Crafted:
 def test_checkpoint_with_model_and_optimizer_state_resumes(tmp_path):
     rc, out = quick(), tmp_path / "main"
     model = build_model(rc)
-    opt = torch.optim.AdamW(param_groups(model, rc.weight_decay), lr=rc.lr, betas=(0.9, 0.98))
+    opt = build_optimizer(model, rc.lr, rc.weight_decay, betas=RECIPE_BETAS)
     model.embed.weight.pow(2).sum().backward()
     opt.step()  # the optimizer holds state (moments, step counts) as a real checkpoint's does
     curve = [[rc.steps, 1.5, 0.25]]

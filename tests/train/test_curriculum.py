@@ -41,9 +41,9 @@ def test_stage_switching_and_replay_share() -> None:
     seen = []
     while not cur.done:
         b = cur.next_batch()
-        n = b["input_ids"].shape[1]
-        short = n - b["long_tokens"]
-        seen.append((b["stage"], b["window"], n, short / n))
+        n = b.input_ids.shape[1]
+        short = n - b.window * cur.stages[b.stage].batch_size
+        seen.append((b.stage, b.window, n, short / n))
     assert [s for s, *_ in seen] == [0, 0, 0, 1, 1, 1, 2, 2]
     assert all(w == 32 and f == 0 for s, w, _, f in seen if s == 0)
     assert all(w == 128 and f == pytest.approx(0.5, abs=1e-9) for s, w, _, f in seen if s == 1)
@@ -56,7 +56,7 @@ def test_batch_mixes_long_and_short_segments() -> None:
     for _ in range(3):
         cur.next_batch()
     b = cur.next_batch()
-    cu = set(b["cu_seqlens"].tolist())
+    cu = set(b.cu_seqlens.tolist())
     assert {128, 160, 192, 224, 256} <= cu
 
 
@@ -66,11 +66,11 @@ def test_curriculum_resume_same_batches() -> None:
     a = Curriculum(_stages(), tok, seed=5)
     for _ in range(4):
         a.next_batch()
-    state = a.state()
-    ref = [a.next_batch()["input_ids"] for _ in range(4)]
+    state = a.state_dict()
+    ref = [a.next_batch().input_ids for _ in range(4)]
     b = Curriculum(_stages(), tok, seed=5)
-    b.restore(state)
-    got = [b.next_batch()["input_ids"] for _ in range(4)]
+    b.load_state_dict(state)
+    got = [b.next_batch().input_ids for _ in range(4)]
     assert all((x == y).all() for x, y in zip(ref, got))
 
 

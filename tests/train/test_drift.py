@@ -52,9 +52,9 @@ def test_a_permutation_moves_choices_but_a_balanced_load_stays() -> None:
     assert d.changed == [1.0] and d.load_tv == [0.0]
 
 
-def _batch(cfg) -> dict[str, torch.Tensor]:
+def _batch(cfg) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
-    return {"input_ids": torch.randint(0, cfg.vocab_size, (1, 48), generator=g)}
+    return torch.randint(0, cfg.vocab_size, (1, 48), generator=g)  # input_ids [1, 48]
 
 
 def test_identical_models_have_zero_drift_and_a_changed_router_does_not() -> None:
@@ -85,7 +85,7 @@ def test_choices_match_the_layers_own_routing() -> None:
     with torch.no_grad():  # the balancer's counts of a training forward are the recorded choices
         for m in model.moe_layers():
             m.step_counts.zero_()
-        model(_batch(cfg)["input_ids"])
+        model(_batch(cfg))
     for m, c in zip(model.moe_layers(), choices):
         counts = torch.bincount(c.reshape(-1), minlength=cfg.ffn.n_experts).float()
         assert m.step_counts.tolist() == counts.tolist()

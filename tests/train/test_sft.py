@@ -79,8 +79,8 @@ def test_demonstrations_are_expert_wins_on_training_seeds(pretrained, tok) -> No
     assert all(e.info["seed"] < HELD_OUT_SEED_BASE for e in eps)
     assert all(data.demonstration(i, held_out=True).info["seed"] >= HELD_OUT_SEED_BASE for i in range(3))
     b = data.next_batch()
-    assert int(b["cu_seqlens"][-1]) == b["input_ids"].shape[1] and b["n_demos"] == 2
-    assert len(b["cu_seqlens"]) - 1 >= 3  # two demonstrations + at least one replay segment
+    assert int(b.cu_seqlens[-1]) == b.input_ids.shape[1] and b.n_demos == 2
+    assert len(b.cu_seqlens) - 1 >= 3  # two demonstrations + at least one replay segment
 
 
 def test_sft_config_validation(pretrained) -> None:

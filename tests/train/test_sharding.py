@@ -31,9 +31,9 @@ def test_shard_batch_repacks_windows_with_their_own_offsets():
     for r, sh in enumerate(shards):
         mine = assign_windows(lengths, 2)[r]
         ref = collate([windows[i] for i in mine])
-        assert torch.equal(sh["input_ids"], ref["input_ids"]) and torch.equal(sh["labels"], ref["labels"])
-        assert sh["cu_seqlens"].tolist() == ref["cu_seqlens"].tolist()
-    assert sum(sh["input_ids"].shape[1] for sh in shards) == batch["input_ids"].shape[1]
+        assert torch.equal(sh.input_ids, ref.input_ids) and torch.equal(sh.labels, ref.labels)
+        assert sh.cu_seqlens.tolist() == ref.cu_seqlens.tolist()
+    assert sum(sh.input_ids.shape[1] for sh in shards) == batch.input_ids.shape[1]
     assert shard_batch(batch, lengths, 0, 1) is batch
 
 

@@ -58,8 +58,8 @@ def test_trains_on_image_documents_and_resumes_exactly(tmp_path, monkeypatch, to
     full = Trainer(tmp_path / "full", mcfg, tcfg, tok, progress=False)
     init = {k: v.detach().clone() for k, v in full.model.vision.state_dict().items()}
     batch = full.curriculum.next_batch()  # the data carries images, their patches fill the spans
-    assert batch["images"] and sum(p.n for p in batch["images"]) == int((batch["input_ids"] == 11).sum())
-    assert not ({9, 10, 11} & set(batch["labels"].flatten().tolist()))
+    assert batch.images and sum(p.n for p in batch.images) == int((batch.input_ids == 11).sum())
+    assert not ({9, 10, 11} & set(batch.labels.flatten().tolist()))
     full.curriculum = full.make_data()  # back to the start
     full.fit()
     rec = read_metrics(tmp_path / "full")
@@ -125,16 +125,15 @@ def test_training_reads_the_pixels(tmp_path, monkeypatch, tok):
 
 def test_images_under_torchrun_are_refused_on_the_global_batch(tmp_path, monkeypatch, tok):
     """Every rank holds the same global batch, so every rank refuses it (none waits in a collective)."""
-    import dataclasses
-
     from longmoe.config import ConfigError
+    from longmoe.train.parallel import Sharded
 
     monkeypatch.chdir(tmp_path)
     mcfg, tcfg = small_model_config().replace(vision=VIS), config(write_corpus(tmp_path))
     tr = Trainer(tmp_path / "r", mcfg, tcfg, tok, progress=False)
     batch = tr.curriculum.next_batch()
-    tr._check_images(batch)  # one process: fine
-    tr.par = dataclasses.replace(tr.par, mesh=object())  # as under torchrun
+    tr.par.check_images(batch)  # one process: fine
+    tr.par = Sharded(tr.par.dims, tr.par.device, mesh=object())  # as under torchrun
     with pytest.raises(ConfigError, match="one process only"):
-        tr._check_images(batch)
-    tr._check_images({k: v for k, v in batch.items() if k != "images"})  # text batches still train
+        tr.par.check_images(batch)
+    tr.par.check_images(batch.replace(images=[]))  # text batches still train

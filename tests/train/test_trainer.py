@@ -21,7 +21,8 @@ from longmoe.runlog import read_metrics
 from longmoe.train.config import TrainConfig
 from longmoe.train.optim import lr_at, param_groups
 from longmoe.train.plots import render
-from longmoe.train.pretrain import Trainer, config_differences
+from longmoe.train.pretrain import Trainer
+from longmoe.train.run import config_differences
 from tests.helpers.train import small_train_config
 
 

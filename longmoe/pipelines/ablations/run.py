@@ -24,7 +24,8 @@ from longmoe.pipelines.ablations.report import write_report
 from longmoe.pipelines.ablations.result import RunResult
 from longmoe.runlog import read_metrics_lines
 from longmoe.train.config import TrainConfig
-from longmoe.train.pretrain import Trainer, train_tokenizer
+from longmoe.train.pretrain import Trainer
+from longmoe.train.run import train_tokenizer
 
 CONFIG_OUT = "ablation_config.json"
 

@@ -36,7 +36,8 @@ from longmoe.rl.plots import render as render_rl
 from longmoe.rl.trainer import RLTrainer
 from longmoe.serve.engine import Engine
 from longmoe.train.config import TrainConfig
-from longmoe.train.pretrain import Trainer, train_tokenizer
+from longmoe.train.pretrain import Trainer
+from longmoe.train.run import train_tokenizer
 from longmoe.train.sft import SFTConfig, SFTTrainer, sft_stage
 
 log = logging.getLogger(__name__)

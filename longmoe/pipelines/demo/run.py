@@ -25,7 +25,6 @@ from longmoe.config import IGNORE_INDEX
 from longmoe.data.corpus import corpus_texts
 from longmoe.data.stages import tiny_curriculum
 from longmoe.data.tokenizer import Tokenizer
-from longmoe.model import CONFIG_FILE
 from longmoe.pipelines.demo.config import DemoConfig
 from longmoe.pipelines.demo.recall import run_recall
 from longmoe.pipelines.demo.report import render_report
@@ -35,7 +34,8 @@ from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 from longmoe.train.config import TrainConfig
 from longmoe.train.plots import render
-from longmoe.train.pretrain import Trainer, train_tokenizer
+from longmoe.train.pretrain import Trainer
+from longmoe.train.run import is_resumed, train_tokenizer
 
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
@@ -61,7 +61,7 @@ def sample(model_dir: Path, prompt: str, max_tokens: int = 96) -> str:
 
 def _trainer(cfg: DemoConfig) -> Trainer:
     """A resumed trainer when asked for and there is a run to resume; else a new run."""
-    if cfg.resume and (cfg.run_dir / CONFIG_FILE).exists():
+    if is_resumed(cfg.run_dir, cfg.resume):
         return Trainer(cfg.run_dir, resume=True, progress=cfg.progress)
     mcfg = preset("tiny")
     print(f"[demo] training a {mcfg.vocab_size}-token BPE tokenizer on the embedded corpus", file=sys.stderr)

@@ -32,7 +32,8 @@ from longmoe.presets import preset
 from longmoe.runlog import read_jsonl
 from longmoe.train.config import TrainConfig
 from longmoe.train.mix import SYNTHETIC_TASKS
-from longmoe.train.pretrain import Trainer, train_tokenizer
+from longmoe.train.pretrain import Trainer
+from longmoe.train.run import train_tokenizer
 
 DONE_FILE = "recipe_done.json"
 CONFIG_OUT = "recipe_config.json"

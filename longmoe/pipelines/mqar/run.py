@@ -5,7 +5,7 @@ instead of redoing them (a run stored before the test rows existed is retrained)
 Training batches are fresh MQAR rows every step (seeded by the cell's seed and the step: no epochs,
 no memorisation); the validation rows (early stop, lr choice) and the test rows (reported accuracy)
 use seeds no training step uses and not each other's (``seeds``). The optimiser pieces are the
-pretraining ones (``param_groups``, ``lr_at``'s warmup + cosine, ``seed_everything``).
+pretraining ones (``build_optimizer``, ``LRSchedule``'s warmup + cosine, ``seed_everything``).
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from longmoe.pipelines.mqar.report import write_report
 from longmoe.pipelines.mqar.result import PROTOCOL, RunResult, SweepResult
 from longmoe.pipelines.mqar.seeds import test_seed, train_seed, validation_seed
 from longmoe.tasks.mqar import answer_accuracy, mqar
-from longmoe.train.config import TrainConfig
-from longmoe.train.optim import lr_at, param_groups
+from longmoe.train.optim import LRSchedule, ScheduleConfig, build_optimizer
 from longmoe.train.rng import seed_everything
 
 RUNS_DIR = "runs"
 CONFIG_OUT = "sweep_config.json"
 GRAD_CLIP = 1.0
+RECIPE_BETAS = (0.9, 0.98)
 
 
 @torch.no_grad()
@@ -66,8 +66,8 @@ def train_cell(cell: Cell, rc: SweepConfig, log: bool = False) -> RunResult:
     )
     seed_everything(cell.seed)
     model, trained = build(cfg, cell.position)
-    opt = torch.optim.AdamW(param_groups(trained, rc.weight_decay), lr=cell.lr, betas=(0.9, 0.98))
-    sched = TrainConfig(lr=cell.lr, warmup_steps=rc.warmup_steps, schedule="cosine")
+    opt = build_optimizer(trained, cell.lr, rc.weight_decay, betas=RECIPE_BETAS)
+    sched = LRSchedule(opt, ScheduleConfig(lr=cell.lr, warmup_steps=rc.warmup_steps), rc.steps)
     t0 = time.perf_counter()
     curve: list[tuple[int, float, float]] = []  # (step, train loss, held-out accuracy)
     step, loss = 0, float("nan")
@@ -75,13 +75,13 @@ def train_cell(cell: Cell, rc: SweepConfig, log: bool = False) -> RunResult:
         b = mqar(
             train_seed(cell.seed, step), rc.batch_size, rc.vocab_size, rc.train_len, cell.n_pairs, rc.alpha
         )
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, sched, rc.steps)
+        sched.apply()
         out = model(b.input_ids, labels=b.labels)
         opt.zero_grad(set_to_none=True)
         out.ce_loss.backward()
         nn.utils.clip_grad_norm_(trained.parameters(), GRAD_CLIP)
         opt.step()
+        sched.advance()
         step += 1
         loss = float(out.ce_loss.detach())
         if step % rc.eval_every == 0 or step == rc.steps:

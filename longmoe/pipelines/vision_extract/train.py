@@ -1,9 +1,13 @@
 """Training loops of the recipe: the extractor (image or text inputs) and the pretraining check.
 
-Both resume: ``OUT/<run>/ckpt.pt`` holds the model, optimiser, step and curve every
-``checkpoint_every`` steps (written atomically), and a finished extractor is a model directory
-``OUT/<run>/model`` that ``longmoe eval --tasks extract --model`` reads. Batches are pure functions
-of the step, so a resumed run sees the batches it would have seen.
+The extractor resumes: every ``checkpoint_every`` steps the run's ``Checkpointer``
+(``train/checkpointer.py``) writes ``OUT/<run>/checkpoints/step-N/`` (model, optimiser, schedule,
+RNG, step, the curve and the seconds spent so far; atomic, the layout every longmoe run has), and a
+finished extractor is a model directory ``OUT/<run>/model`` that ``longmoe eval --tasks extract
+--model`` reads. A run directory from before the checkpointer (its ``OUT/<run>/ckpt.pt``, loaded as
+data with ``weights_only=True``) resumes from that file. Batches are pure functions of the step, so
+a resumed run sees the batches it would have seen. The pretraining check keeps each finished arm in
+``pretrain_check.partial.json``.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import dataclasses
 import functools
 import json
 import random
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,10 +25,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from longmoe.checkpoint import is_model_dir, load_model, save_model_dir
+from longmoe.checkpoint import CKPT_DIR, is_model_dir, load_model, save_model_dir
 from longmoe.config import IGNORE_INDEX
 from longmoe.data.corpus import stdlib_files, stdlib_root
-from longmoe.data.tokenizer import Tokenizer
+from longmoe.data.tokenizer import TOKENIZER_FILE, Tokenizer
+from longmoe.distributed.parallel_dims import ParallelDims
 from longmoe.eval.extract.harness import score_answer
 from longmoe.eval.extract.local import decode_documents
 from longmoe.model import LongMoE
@@ -31,14 +37,16 @@ from longmoe.pipelines.vision_extract.config import VisionExtractConfig
 from longmoe.pipelines.vision_extract.data import Batch, train_batch
 from longmoe.pipelines.vision_extract.result import PretrainCheck, TrainRun
 from longmoe.tasks.documents import held_out_seeds, render
-from longmoe.train.config import TrainConfig
-from longmoe.train.optim import lr_at, param_groups
+from longmoe.train.checkpointer import RNG, Checkpointer, Progress
+from longmoe.train.optim import LRSchedule, ScheduleConfig, build_optimizer
+from longmoe.train.parallel import SingleProcess
 from longmoe.train.rng import seed_everything
 
 CONTROL_PATCH = 8  # the text controls' grid cell: a one-hot code of 3 * 8 * 8 entries
 CURVE_OFFSET = 50_000_000  # held-out block of the training curve (the final evaluation uses offset 0)
 GRAD_CLIP = 1.0
-CKPT = "ckpt.pt"
+RECIPE_BETAS = (0.9, 0.98)
+LEGACY_CKPT = "ckpt.pt"  # format 0: a run directory from before the checkpointer
 MODEL_DIR = "model"
 RUN_FILE = "run.json"
 
@@ -55,10 +63,40 @@ def control_config(rc: VisionExtractConfig) -> VisionExtractConfig:
     return dataclasses.replace(rc, encoder="linear", patch_size=CONTROL_PATCH)
 
 
-def _save_ckpt(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)  # atomic: a killed run leaves the previous checkpoint
+class Curve:
+    """A checkpoint part: the training curve so far and the seconds it took (a resumed run's time
+    adds to the earlier runs')."""
+
+    def __init__(self) -> None:
+        self.points: list[list[float]] = []
+        self.t0 = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"curve": self.points, "seconds": self.seconds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.points = [list(p) for p in state["curve"]]
+        self.t0 = time.perf_counter() - float(state["seconds"])
+
+
+def _resume(out: Path, cp: Checkpointer, model: LongMoE, opt: torch.optim.Optimizer, curve: Curve) -> bool:
+    """Restore the newest checkpoint, else a ``ckpt.pt`` written before the checkpointer (format 0:
+    model, optimiser, step, curve, seconds); False when there is neither."""
+    if cp.restore() is not None:
+        return True
+    if not (out / LEGACY_CKPT).is_file():
+        return False
+    st = torch.load(out / LEGACY_CKPT, weights_only=True)  # tensors and plain containers: no code runs
+    model.load_state_dict(st["model"])
+    opt.load_state_dict(st["opt"])
+    cp.progress.step = int(st["step"])
+    cp.parts["schedule"].load_state_dict({"step": int(st["step"]), "total": cp.parts["schedule"].total})
+    curve.load_state_dict(st)
+    return True
 
 
 def reading_loss(model: LongMoE, emb: torch.Tensor, reads: torch.Tensor) -> torch.Tensor:
@@ -119,40 +157,41 @@ def train_extractor(
         model = load_model(model_dir).model
         return model, TrainRun(**json.loads(run_file.read_text()))
     model = build_model(rc if inputs == "image" else control_config(rc), vision=True)
-    opt = torch.optim.AdamW(param_groups(model, rc.weight_decay), lr=rc.lr, betas=(0.9, 0.98))
+    opt = build_optimizer(model, rc.lr, rc.weight_decay, betas=RECIPE_BETAS)
     total = (rc.control_steps or rc.steps) if inputs != "image" else rc.steps
-    sched = TrainConfig(lr=rc.lr, warmup_steps=rc.warmup_steps, schedule="cosine")
-    step, seconds, curve = 0, 0.0, []
-    if (out / CKPT).is_file():
-        st = torch.load(out / CKPT, weights_only=True)  # tensors and plain containers: no code runs
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
-        step, seconds, curve = st["step"], st["seconds"], st["curve"]
-        log(f"{out.name}: resuming at step {step}")
-    t0, loss, read = time.perf_counter() - seconds, float("nan"), float("nan")
+    sched = LRSchedule(opt, ScheduleConfig(lr=rc.lr, warmup_steps=rc.warmup_steps), total)
+    progress, curve = Progress(), Curve()
+    tok.save(out / TOKENIZER_FILE)
+    cp = Checkpointer(
+        out, model, opt, SingleProcess(ParallelDims(), torch.device("cpu")), model.cfg, out / TOKENIZER_FILE,
+        progress, {"schedule": sched, "rng": RNG(), "curve": curve}, keep_last=1,
+    )  # fmt: skip
+    if _resume(out, cp, model, opt, curve):
+        log(f"{out.name}: resuming at step {progress.step}")
+    loss, read = float("nan"), float("nan")
     model.train()
-    while step < total:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, sched, total)
-        b = train_batch(rc.mix, step, rc.batch_size, rc.seed, tok, model, inputs, rc.text_rows)
+    while progress.step < total:
+        sched.apply()
+        b = train_batch(rc.mix, progress.step, rc.batch_size, rc.seed, tok, model, inputs, rc.text_rows)
         loss, read = _step(model, opt, b, rc.read_weight)
-        step += 1
+        sched.advance()
+        progress.step += 1
+        step = progress.step
         if step % rc.curve_every == 0 or step == total:
             f1 = curve_f1(model, tok, rc, inputs)
-            curve.append([step, round(loss, 4), round(f1, 4)])
+            curve.points.append([step, round(loss, 4), round(f1, 4)])
             log(f"{out.name}: step {step}/{total} loss {loss:.3f} reading loss {read:.3f} held-out F1 "
-                f"{f1:.3f} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+                f"{f1:.3f} ({curve.seconds:.0f} s)")  # fmt: skip
         if step % rc.checkpoint_every == 0 and step < total:
-            state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "curve": curve,
-                     "seconds": time.perf_counter() - t0}  # fmt: skip
-            _save_ckpt(out / CKPT, state)
+            cp.save()
     run = TrainRun(
-        inputs=inputs, steps=step, seconds=round(time.perf_counter() - t0, 1),
-        params=sum(p.numel() for p in model.parameters()), curve=curve,
+        inputs=inputs, steps=progress.step, seconds=round(curve.seconds, 1),
+        params=sum(p.numel() for p in model.parameters()), curve=curve.points,
     )  # fmt: skip
     save_model_dir(model_dir, model, tok)
     run_file.write_text(json.dumps(run.__dict__, indent=2) + "\n")
-    (out / CKPT).unlink(missing_ok=True)
+    shutil.rmtree(out / CKPT_DIR, ignore_errors=True)  # the model directory is the result now
+    (out / LEGACY_CKPT).unlink(missing_ok=True)
     return model, run
 
 
@@ -217,18 +256,17 @@ def pretrain_check(
     if f.is_file():
         return PretrainCheck(**json.loads(f.read_text()))
     torch.set_num_threads(rc.threads)
-    sched = TrainConfig(lr=rc.lr, warmup_steps=rc.warmup_steps, schedule="cosine")
     part = out / "pretrain_check.partial.json"  # one finished arm survives a killed run
     vals = json.loads(part.read_text()) if part.is_file() else {}
     for mode in ("text", "mixed"):
         if mode in vals:
             continue
         model = build_model(rc, vision=True)  # same seed: identical start; the text model never uses vision
-        opt = torch.optim.AdamW(param_groups(model, rc.weight_decay), lr=rc.lr, betas=(0.9, 0.98))
+        opt = build_optimizer(model, rc.lr, rc.weight_decay, betas=RECIPE_BETAS)
+        sched = LRSchedule(opt, ScheduleConfig(lr=rc.lr, warmup_steps=rc.warmup_steps), rc.pretrain_steps)
         t0 = time.perf_counter()
         for step in range(rc.pretrain_steps):
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, sched, rc.pretrain_steps)
+            sched.apply()
             tx, ty = text_rows("train", f"{rc.seed}:{step}", rc.pretrain_batch, rc.pretrain_seq_len, tok)
             b = (
                 _mixed_batch(tx, ty, rc, step, tok, model)
@@ -236,6 +274,7 @@ def pretrain_check(
                 else Batch(tx, ty, [], ty.numel())
             )
             _step(model, opt, b)
+            sched.advance()
         vals[mode] = text_val_loss(model, rc, tok)
         part.write_text(json.dumps(vals) + "\n")
         log(f"pretrain check: {mode}: text val loss {vals[mode]:.4f} ({time.perf_counter() - t0:.0f} s)")
