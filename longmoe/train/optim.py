@@ -118,7 +118,8 @@ class LRSchedule:
         return {"step": self.step, "total": self.total}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if int(state["total"]) != self.total:
+        """``total`` is absent in a format-1 checkpoint (upgraded from its step): nothing to check."""
+        if state.get("total", self.total) != self.total:
             raise ValueError(
                 f"the checkpoint's schedule spans {int(state['total'])} steps, this run {self.total}: "
                 "a resumed run keeps its step budget"

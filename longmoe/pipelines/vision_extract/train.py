@@ -94,7 +94,7 @@ def _resume(out: Path, cp: Checkpointer, model: LongMoE, opt: torch.optim.Optimi
     model.load_state_dict(st["model"])
     opt.load_state_dict(st["opt"])
     cp.progress.step = int(st["step"])
-    cp.parts["schedule"].load_state_dict({"step": int(st["step"]), "total": cp.parts["schedule"].total})
+    cp.parts["schedule"].load_state_dict({"step": int(st["step"])})
     curve.load_state_dict(st)
     return True
 
