@@ -4,7 +4,9 @@ Safety options (docs/serve.md, "Running it safely"): ``--api-key``, ``--allowed-
 ``--cors-origins``, ``--metrics-public``, ``--max-body-kb``, ``--body-timeout``,
 ``--max-connections``, ``--max-requests-per-client``. Operations (docs/deploy.md): ``--access-log``,
 ``--otlp-endpoint``, ``--drain-timeout``; SIGTERM drains (``/ready`` 503, new requests 503 with
-``Retry-After``, running ones finish) and exits 0; a second SIGTERM or SIGINT stops at once."""
+``Retry-After``, running ones finish) and exits 0; a second SIGTERM or SIGINT stops at once.
+Documents (docs/serve.md, "Documents"): ``--files-dir`` / ``--files-s3``, ``--api-keys``,
+``--max-file-mb``, ``--max-files-per-key``, ``--max-storage-mb-per-key``."""
 
 from __future__ import annotations
 
@@ -23,10 +25,13 @@ from longmoe.argtypes import port
 from longmoe.serve.api import create_app, uvicorn_config
 from longmoe.serve.api.app import DEFAULT_MAX_CONNECTIONS
 from longmoe.serve.api.lifecycle import Lifecycle, wait_drained
+from longmoe.serve.api.security import KeyRing
 from longmoe.serve.api.state import DEFAULT_BODY_TIMEOUT_S, LOCAL_HOSTS
 from longmoe.serve.cli_generate import add_engine_arguments, engine_from_args
 from longmoe.serve.compiled import announce
 from longmoe.serve.engine import Engine
+from longmoe.serve.files.service import FileQuota
+from longmoe.serve.files.store import open_store
 
 API_KEY_ENV = "LONGMOE_API_KEY"
 _ANY_ADDRESS = ("0.0.0.0", "::", "")
@@ -47,6 +52,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"require 'Authorization: Bearer KEY' on /v1 and /metrics (default: ${API_KEY_ENV} if set)",
     )
+    parser.add_argument(
+        "--api-keys", default=None, metavar="FILE",
+        help="several API keys, one a line ('NAME:KEY' or 'KEY'): files, quotas and prefix-cache state "
+        "are kept per key (instead of --api-key)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--files-dir", default=None, metavar="DIR",
+        help="turn on the Files API (/v1/files, file content parts) storing files in DIR (default: off)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--files-s3", default=None, metavar="URL",
+        help="store files in S3 instead: s3://bucket/prefix[?endpoint_url=http://host:port] "
+        "(boto3's credentials)",
+    )  # fmt: skip
+    q = FileQuota()
+    parser.add_argument("--max-file-mb", type=int, default=q.max_file_bytes >> 20,
+                        help=f"largest upload in MiB ({q.max_file_bytes >> 20})")  # fmt: skip
+    parser.add_argument("--max-files-per-key", type=int, default=q.max_files,
+                        help=f"files one key may store ({q.max_files})")  # fmt: skip
+    parser.add_argument("--max-storage-mb-per-key", type=int, default=q.max_bytes >> 20,
+                        help=f"MiB one key may store ({q.max_bytes >> 20})")  # fmt: skip
     parser.add_argument("--model-name", default=None, help="model id clients send (default: directory name)")
     parser.add_argument("--max-body-kb", type=int, default=1024, help="request body size limit in KiB (1024)")
     parser.add_argument(
@@ -140,7 +166,17 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"longmoe serve: error: {e}", file=sys.stderr)
         return 2
-    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    key: str | KeyRing | None = (
+        args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    )
+    try:
+        if args.api_keys:
+            key = KeyRing.load(args.api_keys)
+        quota = FileQuota(args.max_files_per_key, args.max_storage_mb_per_key << 20, args.max_file_mb << 20)
+        store = open_store(args.files_dir, args.files_s3) if (args.files_dir or args.files_s3) else None
+    except (OSError, ValueError, ImportError) as e:
+        print(f"longmoe serve: error: {e}", file=sys.stderr)
+        return 2
     hosts = allowed_hosts(args.host, args.allowed_hosts)
     app = create_app(
         engine,
@@ -154,10 +190,13 @@ def run(args: argparse.Namespace) -> int:
         max_requests_per_client=args.max_requests_per_client,
         access_log=args.access_log == "json",
         tracer=tracer,
+        files=store,
+        file_quota=quota,
     )
     if args.access_log == "json":
         _access_logger()
     print(f"serving model '{name}' on http://{args.host}:{args.port} (api key {'on' if key else 'off'}; "
+          f"files {'on' if store else 'off'}; "
           f"hosts {', '.join(hosts)})")  # fmt: skip
     if engine.compiled is not None:
         print(announce(engine.compiled, args.compile_warmup), file=sys.stderr)

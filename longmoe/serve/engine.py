@@ -166,13 +166,15 @@ class Engine:
         sink: Callable[[Event], None] | None = None,
         session: Session | None = None,
         images: Sequence[Patches] = (),
+        cache_salt: bytes | None = None,
     ) -> RequestHandle:
         """Queue a request; events go to ``sink`` (called from the engine thread) or the handle.
 
         With a ``session`` (``open_session``) the prompt is only what is new since the session's last
         request (its whole context and kept cache row are reused; see ``serve/session.py``).
         ``images``: the ``Patches`` of the prompt's image spans in order (a text prompt gets them in
-        front, ``encode_prompt``); see ``serve/prompt_images.py``."""
+        front, ``encode_prompt``); see ``serve/prompt_images.py``. ``cache_salt``: prefix snapshots are
+        shared only by requests with the same salt (vLLM's ``cache_salt``: one per API key)."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params: expected SamplingParams, got {type(params).__name__}")
@@ -195,6 +197,7 @@ class Engine:
         req = Request.new(
             rid, ids, params, sink, ends, detok, self.vocab_size, self.device, session, prompt_images
         )
+        req.salt = cache_salt
         with self.scheduler.cv:  # one thread starts, however many callers submit at once
             self.scheduler.add(req)
             if q is None and not self._driven:  # a sink's events must flow without its caller
@@ -209,6 +212,14 @@ class Engine:
         images: Sequence[Patches] = (),
     ) -> Completion:
         return self.submit(prompt, params, session=session, images=images).result()
+
+    def forget_prefix(self, salt: bytes) -> int:
+        """Drop every prefix snapshot stored under ``cache_salt`` ``salt`` (a deleted file's
+        questions); between steps, so no step sees it half done. The number of snapshots dropped."""
+        if self.prefix is None:
+            return 0
+        with self._step_lock:
+            return self.prefix.forget(salt)
 
     def open_session(self) -> Session:
         """A new conversation whose requests continue one another on a kept cache row."""

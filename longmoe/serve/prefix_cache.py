@@ -311,22 +311,37 @@ class PrefixCache:
     # ------------------------------------------------------------------ memory
     def evict_one(self, keep: Snapshot | None = None) -> bool:
         """Drop the least recently used snapshot that no other snapshot extends; False if none."""
-        for key, node in self.nodes.items():
+        for node in self.nodes.values():
             if node.children == 0 and node is not keep:
-                del self.nodes[key]
-                for p, k in node.keys.items():
-                    if p == -1:
-                        self.tails[k] = [t for t in self.tails.get(k, ()) if t is not node]
-                        if not self.tails[k]:
-                            del self.tails[k]
-                    elif self.index.get(k, (None, 0))[0] is node:
-                        del self.index[k]
-                if node.parent is not None:
-                    node.parent.children -= 1
-                self.budget.snapshot_bytes -= node.nbytes
+                self._drop(node)
                 self.stats.evictions += 1
                 return True
         return False
+
+    def _drop(self, node: Snapshot) -> None:
+        del self.nodes[node.id]
+        for p, k in node.keys.items():
+            if p == -1:
+                self.tails[k] = [t for t in self.tails.get(k, ()) if t is not node]
+                if not self.tails[k]:
+                    del self.tails[k]
+            elif self.index.get(k, (None, 0))[0] is node:
+                del self.index[k]
+        if node.parent is not None:
+            node.parent.children -= 1
+        self.budget.snapshot_bytes -= node.nbytes
+
+    def forget(self, salt: bytes) -> int:
+        """Drop every snapshot whose prefix was stored under ``salt`` (the mark ``(0, salt)`` of
+        ``Request.image_marks``), leaves first; the number dropped."""
+        n = 0
+        while doomed := [
+            nd for nd in self.nodes.values() if nd.children == 0 and (0, salt) in nd.chain()[0].marks
+        ]:
+            for nd in doomed:
+                self._drop(nd)
+                n += 1
+        return n
 
     def make_room(self, nbytes: int, keep: Snapshot | None = None) -> bool:
         """Evict until ``nbytes`` fit in the budget's free bytes; False (nothing evicted) if they cannot."""

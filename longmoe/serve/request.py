@@ -84,6 +84,7 @@ class Request:
     session: Session | None = None  # keeps its cache row when the request finishes
     keep_end: bool = False  # its finished row becomes a prefix snapshot (``PrefixCache.store_end``)
     images: RequestImages | None = None  # the prompt's images (serve/prompt_images.py)
+    salt: bytes | None = None  # prefix reuse only among requests of the same salt (``Engine.submit``)
     prefix_stops: set[int] = field(default_factory=set)  # prompt lengths others wait to reuse
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
@@ -137,8 +138,10 @@ class Request:
 
     @property
     def image_marks(self) -> tuple[Mark, ...]:
-        """What prefix keys add for the prompt's images: ``(first patch position, pixel digest)``."""
-        return self.images.marks if self.images is not None else ()
+        """What prefix keys add for the prompt's images: ``(first patch position, pixel digest)``; a
+        salt is one more mark at position 0, so it joins the first block's hash and every later one."""
+        marks = self.images.marks if self.images is not None else ()
+        return marks if self.salt is None else ((0, self.salt), *marks)
 
     def record(self, choice: TokenChoice, max_context: int) -> tuple[str | None, str]:
         """Append a chosen token; returns the finish reason (None: go on) and the text delta to send.

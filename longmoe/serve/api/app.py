@@ -10,8 +10,10 @@ OpenAI's error object; one whose request body was not read to its end carries ``
 from __future__ import annotations
 
 import logging
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -20,11 +22,12 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from longmoe.serve.api import chat, completions, lifecycle, metrics, models, tokenize, web
+from longmoe.data.images import decode_image, patchify
+from longmoe.serve.api import chat, completions, files, lifecycle, metrics, models, tokenize, web
 from longmoe.serve.api.access import AccessLog
 from longmoe.serve.api.errors import APIError, echo, error_response
 from longmoe.serve.api.middleware import CountResponses, HostGuard
-from longmoe.serve.api.security import ClientLimiter
+from longmoe.serve.api.security import ClientLimiter, KeyRing
 from longmoe.serve.api.state import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY,
@@ -33,6 +36,9 @@ from longmoe.serve.api.state import (
     ServerState,
 )
 from longmoe.serve.engine import Engine
+from longmoe.serve.files.documents import Document, DocumentLimits
+from longmoe.serve.files.service import FileQuota, FileService
+from longmoe.serve.files.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,11 @@ ROUTES = [  # (method, path, handler)
     ("GET", "/v1/models/{model_id:path}", models.retrieve_model),
     ("POST", "/v1/completions", completions.create_completion),
     ("POST", "/v1/chat/completions", chat.create_chat_completion),
+    ("POST", "/v1/files", files.create_file),
+    ("GET", "/v1/files", files.list_files),
+    ("GET", "/v1/files/{file_id}", files.retrieve_file),
+    ("GET", "/v1/files/{file_id}/content", files.file_content),
+    ("DELETE", "/v1/files/{file_id}", files.delete_file),
     ("GET", "/tokenizer_info", tokenize.tokenizer_info),
     ("POST", "/tokenize", tokenize.tokenize),
     ("POST", "/detokenize", tokenize.detokenize),
@@ -63,7 +74,7 @@ def default_client_limit(engine: Engine) -> int:
 def create_app(
     engine: Engine,
     model_name: str = "longmoe",
-    api_key: str | None = None,
+    api_key: str | KeyRing | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY,
     *,
     allowed_hosts: tuple[str, ...] | list[str] = LOCAL_HOSTS,
@@ -73,11 +84,15 @@ def create_app(
     max_requests_per_client: int | None = None,
     access_log: bool = True,
     tracer: object | None = None,
+    files: ObjectStore | None = None,
+    file_quota: FileQuota | None = None,
+    document_limits: DocumentLimits | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` as ``model_name``; ``api_key`` guards every ``/v1`` route
-        and ``/metrics`` (unless ``metrics_public``). ``max_requests_per_client``: generations in flight
-        per client address (None: half of ``max_batch``; 0: no limit). See ``ServerConfig``. ``access_log``:
-    one JSON line per request on the ``longmoe.access`` logger; ``tracer``: a ``tracing.Tracer`` or None."""
+    and ``/metrics`` (unless ``metrics_public``). ``max_requests_per_client``: generations in flight
+    per client address (None: half of ``max_batch``; 0: no limit). See ``ServerConfig``. ``access_log``:
+    one JSON line per request on the ``longmoe.access`` logger; ``tracer``: a ``tracing.Tracer`` or None.
+    ``files``: the store behind the Files API (None: off), with ``file_quota`` and ``document_limits``."""
     limit = default_client_limit(engine) if max_requests_per_client is None else max_requests_per_client
     config = ServerConfig(
         model_name=model_name,
@@ -95,6 +110,9 @@ def create_app(
     st.prometheus = metrics.ServeMetrics(engine, st.metrics, model_name)
     st.lifecycle = lifecycle.Lifecycle()
     st.tracer = tracer
+    if files is not None:
+        st.files = file_service(engine, files, file_quota, document_limits)
+        st.spool = Path(tempfile.mkdtemp(prefix="longmoe-uploads-"))
     app.state.server = st
     for method, path, handler in ROUTES:
         app.add_api_route(path, handler, methods=[method])
@@ -105,7 +123,7 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(config.cors_origins),
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
         )
     app.add_middleware(HostGuard, allowed=config.allowed_hosts)
@@ -113,6 +131,24 @@ def create_app(
     app.add_middleware(CountResponses, metrics=st.metrics)
     app.add_middleware(AccessLog, enabled=access_log)
     return app
+
+
+def file_service(
+    engine: Engine, store: ObjectStore, quota: FileQuota | None, limits: DocumentLimits | None
+) -> FileService:
+    """The Files API over ``store``: documents counted in the engine's tokens (text and page
+    images), deletions dropping the engine's prefix snapshots of their questions."""
+    vision = engine.model.cfg.vision
+
+    def count_tokens(doc: Document) -> int:
+        n = len(engine.tokenizer.encode(doc.block(with_images=vision is not None)))
+        if vision is not None:
+            n += sum(patchify(decode_image(raw), vision).n + 2 for raw in doc.images.values())
+        return n
+
+    return FileService(
+        store, count_tokens, quota or FileQuota(), limits or DocumentLimits(), engine.forget_prefix
+    )
 
 
 def _body_unread(request: Request) -> bool:

@@ -3,8 +3,10 @@
 Function calling (``tools``, ``tool_choice``, ``tool_calls`` in the message and in stream deltas)
 is ``serve/api/tools.py``.
 
-Image content parts (data URIs, ``serve/images.py``) are checked and decoded in a worker thread and
-become their token spans; any refusal is a 400 naming the part (``messages.1.content.0.image_url``).
+File content parts (uploaded ``file_id`` or inline ``file_data``) become one document message at
+the start of the prompt (``serve/api/chat_files.py``). Image content parts (data URIs,
+``serve/images.py``) are checked and decoded in a worker thread and become their token spans; any
+refusal is a 400 naming the part (``messages.1.content.0.image_url``).
 
 Without ``max_completion_tokens`` / ``max_tokens`` a reply may take ``DEFAULT_CHAT_MAX_TOKENS`` or
 what the context has left; 0 is a 400 (as OpenAI), never "unset"."""
@@ -18,6 +20,7 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import Response
 
+from longmoe.serve.api.chat_files import attach_documents
 from longmoe.serve.api.errors import APIError
 from longmoe.serve.api.generation import constraint, respond, sampling_params, submit, usage
 from longmoe.serve.api.intake import read_request
@@ -38,6 +41,7 @@ async def create_chat_completion(request: Request) -> Response:
     limit_field, max_tokens = req.token_limit()
     plan = await tool_plan(request, req)
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    messages, salt = await asyncio.to_thread(attach_documents, st, request.state.owner, messages)
     try:  # decoding images and tokenising are CPU work: off the loop
         images = await asyncio.to_thread(
             chat_patches, messages, engine.cfg.image_limits, engine.model.cfg.vision
@@ -52,7 +56,12 @@ async def create_chat_completion(request: Request) -> Response:
     fmt = plan.constraint or await constraint(request, req)
     params = sampling_params(req, max_tokens, req.logprobs, req.top_logprobs or 0, fmt)
     h, q = await submit(
-        request, ids, params, rename={"max_tokens": limit_field, "images": "messages"}, images=images
+        request,
+        ids,
+        params,
+        rename={"max_tokens": limit_field, "images": "messages"},
+        images=images,
+        cache_salt=salt,
     )
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",

@@ -89,6 +89,7 @@ async def submit(
     params: SamplingParams,
     rename: dict[str, str] | None = None,
     images: Sequence[Patches] = (),
+    cache_salt: bytes | None = None,
 ) -> tuple[RequestHandle, asyncio.Queue[Event]]:
     """Submit to the engine from a worker thread (tokenising a long prompt is CPU work) and return
     the handle and the queue its events arrive on. ``rename`` maps engine field names to the ones
@@ -120,7 +121,7 @@ async def submit(
             loop.call_soon_threadsafe(q.put_nowait, ev)
 
     try:
-        h = await asyncio.to_thread(st.engine.submit, prompt, params, sink, None, images)
+        h = await asyncio.to_thread(st.engine.submit, prompt, params, sink, None, images, cache_salt)
     except EngineError as e:
         st.limiter.release(who)
         st.lifecycle.ended()

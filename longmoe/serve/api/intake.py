@@ -165,7 +165,7 @@ async def read_request(request: Request, cls: type[M]) -> M:
     """Key, media type, body, JSON and model: the validated request of an API route."""
     st = server_state(request)
     cfg = st.config
-    check_key(request, cfg.api_key)
+    request.state.owner = check_key(request, cfg.api_key)
     check_json(request)
     raw = await read_body(request, cfg.max_body_bytes, cfg.body_timeout_s)
     req = await asyncio.to_thread(parse_request, raw, cls)

@@ -133,10 +133,23 @@ class ImageURL(_Strict):
     detail: Literal["auto", "low", "high"] | None = None
 
 
+class FileRef(_Strict):
+    """``file`` of a content part (OpenAI's): an uploaded ``file_id``, or the file inline as
+    ``file_data`` (a ``data:<type>;base64,...`` URI) with its ``filename``. longmoe's extension
+    ``pages_as``: ``auto`` (a PDF's text layer; pages without one as images), ``text``, ``images``
+    (every page rendered; inline files only, an uploaded file keeps what its upload made)."""
+
+    file_id: str | None = None
+    file_data: str | None = None
+    filename: str | None = None
+    pages_as: Literal["auto", "text", "images"] | None = None
+
+
 class ContentPart(_Strict):
-    type: Literal["text", "image_url"]
+    type: Literal["text", "image_url", "file"]
     text: str | None = None
     image_url: ImageURL | str | None = None  # a plain string is accepted as the URL
+    file: FileRef | None = None
 
 
 class ChatMessage(_Strict):

@@ -4,24 +4,67 @@ in flight (fairness)."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import re
 import threading
 from collections import Counter
+from pathlib import Path
 
 from starlette.requests import Request
 
 from longmoe.serve.api.errors import APIError, echo
 
+ANONYMOUS = "anonymous"  # the owner of files on a server without keys
+SINGLE = "default"  # the owner of files on a server with one --api-key
+_OWNER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
-def check_key(request: Request, api_key: str | None) -> None:
-    """401 unless ``Authorization: Bearer <api_key>`` (no-op without a key)."""
+
+class KeyRing(dict[str, str]):
+    """Several API keys (``--api-keys FILE``), each mapped to its owner name: files, quotas and
+    prefix-cache state are kept per owner. The file has one key a line, ``NAME:KEY`` or ``KEY``
+    (then the owner is ``key-`` + 12 hex of the key's SHA-256); ``#`` lines and blank lines are skipped."""
+
+    @classmethod
+    def load(cls, path: str | Path) -> KeyRing:
+        ring = cls()
+        for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, _, key = line.rpartition(":") if ":" in line else ("", "", line)
+            name = name.strip() or "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+            key = key.strip()
+            if len(key) < 8 or not key.isprintable() or " " in key:
+                raise ValueError(f"{path}:{n}: a key must be at least 8 printable characters, no spaces")
+            if not _OWNER.match(name):
+                raise ValueError(f"{path}:{n}: owner name must be 1-64 of [A-Za-z0-9_-]")
+            if key in ring or name in ring.values():
+                raise ValueError(f"{path}:{n}: duplicate key or owner name")
+            ring[key] = name
+        if not ring:
+            raise ValueError(f"{path}: no keys")
+        return ring
+
+
+def check_key(request: Request, api_key: str | KeyRing | None) -> str:
+    """401 unless ``Authorization: Bearer <key>`` names the key (or one of the ``KeyRing``); returns
+    its owner (``anonymous`` without a key)."""
     if api_key is None:
-        return
+        return ANONYMOUS
     auth = request.headers.get("authorization", "")
     given = auth[7:] if auth.lower().startswith("bearer ") else ""
-    if not hmac.compare_digest(given.encode(), api_key.encode()):
-        msg = "missing or invalid API key (send 'Authorization: Bearer KEY')"
-        raise APIError(401, msg, None, "invalid_api_key")
+    if isinstance(api_key, KeyRing):
+        owner = None
+        for key, name in api_key.items():  # compare with every key: the time says nothing
+            if hmac.compare_digest(given.encode(), key.encode()):
+                owner = name
+        if owner is not None:
+            return owner
+    elif hmac.compare_digest(given.encode(), api_key.encode()):
+        return SINGLE
+    msg = "missing or invalid API key (send 'Authorization: Bearer KEY')"
+    raise APIError(401, msg, None, "invalid_api_key")
 
 
 def check_json(request: Request) -> None:

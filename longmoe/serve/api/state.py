@@ -6,13 +6,15 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
 
 from longmoe.serve.api.middleware import HTTPMetrics
-from longmoe.serve.api.security import ClientLimiter
+from longmoe.serve.api.security import ClientLimiter, KeyRing
 from longmoe.serve.engine import Engine
+from longmoe.serve.files.service import FileService
 from longmoe.serve.structured import JsonGrammars
 
 DEFAULT_MAX_BODY = 1 << 20  # bytes
@@ -25,7 +27,7 @@ class ServerConfig:
     """The HTTP side's settings (see docs/serve.md, "Running it safely")."""
 
     model_name: str = "longmoe"
-    api_key: str | None = None  # guards every /v1 route (and /metrics unless metrics_public)
+    api_key: str | KeyRing | None = None  # guards every /v1 route (and /metrics unless metrics_public)
     max_body_bytes: int = DEFAULT_MAX_BODY
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # the whole body must arrive within this
     allowed_hosts: tuple[str, ...] = LOCAL_HOSTS  # Host header values accepted ("*": any)
@@ -54,6 +56,8 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     page: str = ""  # the web page's template
     model_parameters: int = 0  # the model's parameter count (GET /v1/info)
+    files: FileService | None = None  # the Files API (None: off)
+    spool: Path | None = None  # where uploads stream to before they are stored
     grammars: JsonGrammars | None = None  # response_format grammars (built on first use)
     prometheus: Any = None  # the app's ServeMetrics (serve/api/metrics.py), set by create_app
     lifecycle: Any = None  # the app's Lifecycle (serve/api/lifecycle.py): readiness and drain
