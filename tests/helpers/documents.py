@@ -82,6 +82,24 @@ def deflate_bomb_pdf(inflated: int) -> bytes:
     return _assemble(objs)
 
 
+def huge_image_pdf(side: int) -> bytes:
+    """A one-page PDF drawing a ``side x side`` image whose few KiB of deflated data would decode to
+    ``3 side²`` bytes (an image bomb for a renderer)."""
+    data = zlib.compress(b"\x00" * (side * 64), 9)  # far fewer bytes than declared: never decoded
+    objs = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 10 10] /Resources << /XObject << /Im0 5 0 R >> >>"
+        b" /Contents 4 0 R >>",
+        b"<< /Length 28 >>\nstream\nq 10 0 0 10 0 0 cm /Im0 Do Q\nendstream",
+        f"<< /Type /XObject /Subtype /Image /Width {side} /Height {side} /ColorSpace /DeviceRGB "
+        f"/BitsPerComponent 8 /Filter /FlateDecode /Length {len(data)} >>\nstream\n".encode()
+        + data
+        + b"\nendstream",
+    ]
+    return _assemble(objs)
+
+
 def _assemble(objs: list[bytes]) -> bytes:
     out = bytearray(b"%PDF-1.7\n")
     offsets = []

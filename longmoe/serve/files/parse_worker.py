@@ -45,6 +45,21 @@ def render(raw: bytes, indices: list[int], side: int) -> dict[str, str]:
     return out
 
 
+def page_bytes(page) -> int:  # noqa: ANN001 - a pypdf PageObject
+    """What a page decodes to: its content streams (decoded, each within pypdf's caps) plus its
+    images' declared ``width x height x 4`` (never decoded here: a renderer would)."""
+    contents = page.get_contents()
+    n = len(contents.get_data()) if contents is not None else 0
+    res = page.get("/Resources")
+    res = res.get_object() if res is not None else {}
+    xobjects = res.get("/XObject") if hasattr(res, "get") else None
+    for ref in xobjects.get_object().values() if xobjects is not None else []:
+        x = ref.get_object()
+        if x.get("/Subtype") == "/Image":
+            n += int(x.get("/Width", 0)) * int(x.get("/Height", 0)) * 4
+    return n
+
+
 def limit_self(opts: dict) -> None:
     """The kernel's caps on this process: address space and CPU seconds (a bomb dies, not the server)."""
     import resource
@@ -58,7 +73,7 @@ def main() -> None:
     limit_self(opts)
     raw = sys.stdin.buffer.read()
     import pypdf
-    from pypdf.errors import PdfReadError
+    from pypdf.errors import LimitReachedError, PdfReadError
 
     # pypdf's own caps on what a stream may inflate to (its Configuration, pypdf >= 6.x): the budget
     cap = opts["max_decompressed"]
@@ -76,6 +91,8 @@ def main() -> None:
         if encrypted and not reader.decrypt(""):  # an empty user password opens many "protected" PDFs
             fail("the PDF is encrypted with a password; send it decrypted")
         n = len(reader.pages)
+    except LimitReachedError as e:
+        fail(f"the PDF exceeds a parsing budget ({str(e)[:160]})")
     except PdfReadError as e:
         fail(f"not a readable PDF ({str(e)[:160]})")
     except Exception as e:  # noqa: BLE001 - any parser failure is the file's fault
@@ -84,6 +101,16 @@ def main() -> None:
         fail("the PDF has no pages")
     if n > opts["max_pages"]:
         fail(f"the PDF has {n} pages, more than the limit of {opts['max_pages']}")
+    inflated = 0  # bytes the document's page contents and images decode to: the budget covers both
+    for i in range(n):
+        try:
+            inflated += page_bytes(reader.pages[i])
+        except LimitReachedError as e:
+            fail(f"page {i + 1} exceeds a parsing budget ({str(e)[:160]})")
+        except Exception as e:  # noqa: BLE001
+            fail(f"page {i + 1} could not be read ({type(e).__name__}: {str(e)[:160]})")
+        if inflated > opts["max_decompressed"]:
+            fail(f"the PDF inflates to more than the limit of {opts['max_decompressed']} bytes (a PDF bomb?)")
     pages: list[str] = []
     chars = 0
     mode = opts["pages_as"]
@@ -94,7 +121,7 @@ def main() -> None:
                 text = reader.pages[i].extract_text() or ""
             except Exception as e:  # noqa: BLE001
                 fail(f"page {i + 1} could not be read ({type(e).__name__}: {str(e)[:160]})")
-        text = text.replace("\x00", "")
+        text = text.replace("\x00", "").strip("\n")
         chars += len(text)
         if chars > opts["max_chars"]:
             fail(f"the PDF's text exceeds the limit of {opts['max_chars']} characters")

@@ -175,6 +175,11 @@ class S3Store:
         )
         self._errors = (self.s3.exceptions.ClientError,)
 
+    def with_prefix(self, sub: str) -> S3Store:
+        """This store under ``<prefix><sub>/`` (tests keep apart in one bucket)."""
+        self.prefix = f"{self.prefix}{check_key(sub)}/"
+        return self
+
     def _k(self, key: str, ext: str) -> str:
         return f"{self.prefix}{check_key(key)}.{ext}"
 
