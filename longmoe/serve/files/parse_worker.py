@@ -72,8 +72,11 @@ def main() -> None:
     opts = json.loads(sys.argv[1])
     limit_self(opts)
     raw = sys.stdin.buffer.read()
-    import pypdf
-    from pypdf.errors import LimitReachedError, PdfReadError
+    try:
+        import pypdf
+        from pypdf.errors import LimitReachedError, PdfReadError
+    except ImportError:
+        fail("PDF support needs pypdf and pypdfium2 on the server (pip install 'longmoe[documents]')")
 
     # pypdf's own caps on what a stream may inflate to (its Configuration, pypdf >= 6.x): the budget
     cap = opts["max_decompressed"]

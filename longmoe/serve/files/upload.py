@@ -15,7 +15,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from python_multipart.multipart import MultipartParser, parse_options_header
+
+def _multipart():  # noqa: ANN202 - imported on first upload: the extra ``longmoe[documents]``
+    try:
+        from python_multipart import multipart
+    except ImportError:
+        raise UploadError(
+            501, "file uploads need python-multipart (pip install 'longmoe[documents]')"
+        ) from None
+    return multipart
+
 
 MAX_FIELD_BYTES = 256  # a form field other than the file (``purpose``)
 MAX_PARTS = 8
@@ -47,7 +56,7 @@ class Upload:
 
 
 def boundary_of(content_type: str) -> bytes:
-    ctype, params = parse_options_header(content_type)
+    ctype, params = _multipart().parse_options_header(content_type)
     if ctype != b"multipart/form-data" or not params.get(b"boundary"):
         raise UploadError(415, "Content-Type must be multipart/form-data with a boundary")
     b = params[b"boundary"]
@@ -100,7 +109,7 @@ class _Receiver:
         self._hname, self._hval = b"", b""
 
     def _headers_done(self) -> None:
-        _, opts = parse_options_header(self._headers.get(b"content-disposition", b""))
+        _, opts = _multipart().parse_options_header(self._headers.get(b"content-disposition", b""))
         name = opts.get(b"name")
         if name is None:
             raise UploadError(400, "a form part has no name (Content-Disposition: form-data; name=...)")
@@ -158,7 +167,7 @@ async def receive(
     """The upload from the body ``stream`` (see the module docstring); ``UploadError`` otherwise.
     A disconnect (``ClientDisconnect``) propagates after the temporary file is deleted."""
     rx = _Receiver(spool, max_file_bytes)
-    parser = MultipartParser(boundary_of(content_type), rx.callbacks())
+    parser = _multipart().MultipartParser(boundary_of(content_type), rx.callbacks())
     ok = False
     try:
         async with asyncio.timeout(timeout_s):

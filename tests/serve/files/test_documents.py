@@ -51,7 +51,7 @@ def test_text_and_image_files():
 
 HOSTILE = {
     "truncated": (lambda: text_pdf(["hello there world"])[:300], "x.pdf", None, "not a readable PDF"),
-    "malformed": (lambda: b"%PDF-1.7\n1 0 obj << /Type /Catalog >> garbage", "x.pdf", None, "not a readable PDF"),
+    "malformed": (lambda: b"%PDF-1.7\n1 0 obj << /Type /Catalog >> junk", "x.pdf", None, "not a readable"),
     "encrypted": (lambda: encrypted_pdf(), "x.pdf", None, "encrypted"),
     "page bomb": (lambda: many_pages_pdf(5000), "x.pdf", None, "parsing budget|pages"),
     "deflate bomb": (lambda: deflate_bomb_pdf(64 << 20), "x.pdf", None, "parsing budget|inflates to more"),
