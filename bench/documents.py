@@ -5,8 +5,9 @@ server with the Files API on (a local directory store). Per document size (8K / 
 Markdown text built from the benchmark tokenizer's words): upload it through the official ``openai``
 client, ask a first question (its prefill computes the document and stores its prefix snapshot) and
 then a second, different question about the same file (it restores the snapshot and prefills only its
-own tokens). TTFT is the time from sending a streamed request to its first content chunk, measured
-by the client; ``cached`` is ``usage.prompt_tokens_details.cached_tokens`` of the second question.
+own tokens). TTFT is the time from sending a streamed request to its first chunk holding generated
+text (the opening chunk, role only, is sent before any token and is skipped), measured by the client:
+it includes tokenizing the whole prompt (the document too) and restoring the snapshot; ``cached`` is ``usage.prompt_tokens_details.cached_tokens`` of the second question.
 Each size is one sample (the 256K first question alone takes minutes): single samples, labelled so.
 
     python -m bench.documents                 # 8K, 64K, 256K
@@ -67,8 +68,8 @@ def ttft(c: openai.OpenAI, fid: str, question: str) -> tuple[float, int, int]:
         stream=True,
         stream_options={"include_usage": True},
     )
-    for ch in stream:
-        if first is None and ch.choices:
+    for ch in stream:  # the opening chunk (role only) is sent before any token: skip it
+        if first is None and ch.choices and (ch.choices[0].delta.content or ch.choices[0].finish_reason):
             first = time.perf_counter() - t0
         if ch.usage is not None:
             usage = ch.usage

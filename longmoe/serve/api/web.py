@@ -82,6 +82,8 @@ async def info(request: Request) -> Response:
             "max_images": e.cfg.max_images,
             "max_image_bytes": e.cfg.max_image_bytes,
         },
+        # what the page's file button needs: the Files API's per-upload limit, null when it is off
+        "files": None if st.files is None else {"max_file_bytes": st.files.quota.max_file_bytes},
         **{k: s[k] for k in keys},
     }
     return JSONResponse(body)
