@@ -7,7 +7,8 @@ client, ask a first question (its prefill computes the document and stores its p
 then a second, different question about the same file (it restores the snapshot and prefills only its
 own tokens). TTFT is the time from sending a streamed request to its first chunk holding generated
 text (the opening chunk, role only, is sent before any token and is skipped), measured by the client:
-it includes tokenizing the whole prompt (the document too) and restoring the snapshot; ``cached`` is ``usage.prompt_tokens_details.cached_tokens`` of the second question.
+it includes tokenizing the whole prompt (the document too) and restoring the snapshot. ``cached`` is
+``usage.prompt_tokens_details.cached_tokens`` of the second question.
 Each size is one sample (the 256K first question alone takes minutes): single samples, labelled so.
 
     python -m bench.documents                 # 8K, 64K, 256K
