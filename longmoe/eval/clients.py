@@ -139,6 +139,47 @@ class HTTPEndpoint:
         self.http.close()
 
 
+class FileEndpointClient(HTTPEndpoint):
+    """An OpenAI-compatible server with the Files API: each item's context is uploaded as a file
+    (``as_files``: ``text`` as Markdown, ``pdf`` as a PDF with a text layer, ``serve/files/make_pdf``),
+    the question asked in a chat message holding a ``{"type": "file"}`` part, and the file deleted."""
+
+    def __init__(self, url: str, model: str, as_files: str, api_key: str | None = None,
+                 timeout: float = 600.0) -> None:  # fmt: skip
+        if as_files not in ("text", "pdf"):
+            raise ClientError(f"--as-files {as_files!r} is invalid: expected text or pdf")
+        super().__init__(url, model, "chat/completions", api_key, timeout)
+        self.files_url, self.as_files = self.url.replace("/chat/completions", "/files"), as_files
+        self.name += f" (documents as {as_files} files)"
+
+    def upload(self, context: str) -> str:
+        if self.as_files == "pdf":
+            from longmoe.serve.files.make_pdf import paginate, text_pdf
+
+            data, name, ctype = text_pdf(paginate(context)), "context.pdf", "application/pdf"
+        else:
+            data, name, ctype = context.encode(), "context.md", "text/markdown"
+        r = self.http.post(self.files_url, data={"purpose": "user_data"}, files={"file": (name, data, ctype)})
+        self.check_ok(r)
+        return r.json()["id"]
+
+    def complete_item(self, context: str, question: str, max_tokens: int) -> Reply:
+        fid = self.upload(context)
+        try:
+            content = [{"type": "file", "file": {"file_id": fid}}, {"type": "text", "text": question}]
+            body = {"model": self.model, "max_tokens": max_tokens, "temperature": 0.0, "stop": ["\n"],
+                    "messages": [{"role": "user", "content": content}]}  # fmt: skip
+            body, choice = self.first_choice(self.post(body))
+        finally:
+            self.http.delete(f"{self.files_url}/{fid}")
+        try:
+            text = choice["message"]["content"]
+        except (KeyError, TypeError) as e:
+            raise ClientError(f"{self.url} returned an unexpected body (no message content): {body}") from e
+        usage = body.get("usage") or {}
+        return Reply(text or "", usage.get("prompt_tokens"), usage.get("completion_tokens"))
+
+
 class EndpointClient(HTTPEndpoint):
     """An OpenAI-compatible server (``/v1/completions`` or ``/v1/chat/completions``)."""
 
@@ -173,6 +214,9 @@ class EndpointClient(HTTPEndpoint):
 
     def complete(self, prompt: str, max_tokens: int) -> Reply:
         body, choice = self.first_choice(self.post(self._payload(prompt, max_tokens)))
+        return self._reply(body, choice)
+
+    def _reply(self, body: dict[str, Any], choice: dict[str, Any]) -> Reply:
         try:
             text = choice["text"] if self.mode == "completions" else choice["message"]["content"]
         except (KeyError, TypeError) as e:

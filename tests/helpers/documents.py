@@ -8,36 +8,18 @@ import zlib
 
 from PIL import Image, ImageDraw
 from pypdf import PdfWriter
-from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
 
+from longmoe.serve.files.make_pdf import text_pdf
 
-def text_pdf(pages: list[str]) -> bytes:
-    """A PDF whose page ``i`` shows ``pages[i]`` in Helvetica (a real text layer, one line a page
-    per 80 characters)."""
-    w = PdfWriter()
-    font = w._add_object(
-        DictionaryObject(
-            {
-                NameObject("/Type"): NameObject("/Font"),
-                NameObject("/Subtype"): NameObject("/Type1"),
-                NameObject("/BaseFont"): NameObject("/Helvetica"),
-            }
-        )
-    )
-    for text in pages:
-        p = w.add_blank_page(612, 792)
-        p[NameObject("/Resources")] = DictionaryObject(
-            {NameObject("/Font"): DictionaryObject({NameObject("/F1"): font})}
-        )
-        lines = [text[i : i + 80] for i in range(0, len(text), 80)] or [""]
-        esc = [ln.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)") for ln in lines]
-        ops = "".join(f"({ln}) Tj 0 -14 Td " for ln in esc)
-        s = DecodedStreamObject()
-        s.set_data(f"BT /F1 11 Tf 40 750 Td {ops}ET".encode("latin-1"))
-        p[NameObject("/Contents")] = w._add_object(s)
-    buf = io.BytesIO()
-    w.write(buf)
-    return buf.getvalue()
+__all__ = [
+    "text_pdf",
+    "image_pdf",
+    "png",
+    "many_pages_pdf",
+    "deflate_bomb_pdf",
+    "huge_image_pdf",
+    "encrypted_pdf",
+]
 
 
 def image_pdf(n_pages: int = 1, size: tuple[int, int] = (120, 80)) -> bytes:

@@ -5,6 +5,7 @@ Examples::
 
     longmoe eval longctx --model runs/train --tasks niah,multihop,conflict,recall --lengths 1k,4k --depths 5
     longmoe eval longctx --endpoint http://127.0.0.1:8000 --api-model longmoe --lengths 4k --n 8
+    longmoe eval longctx --endpoint http://127.0.0.1:8000 --api-model longmoe --as-files pdf --tokenizer DIR
     longmoe eval longctx --model runs/train --ppl-by-position --ppl-max-len 16k
 
 Writes ``OUT/results.jsonl`` (resumable), ``OUT/summary.{json,md}``, ``OUT/ppl.{json,md}`` and
@@ -23,7 +24,7 @@ import torch
 from longmoe.checkpoint import TOKENIZER_FILE, load_model
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.eval.args import add_backend_arguments, add_count_arguments, add_output_arguments
-from longmoe.eval.clients import EndpointClient, LocalClient
+from longmoe.eval.clients import EndpointClient, FileEndpointClient, LocalClient
 from longmoe.eval.errors import EvalError, check_positive
 from longmoe.eval.longctx import runner
 from longmoe.eval.plots import plot_run
@@ -66,6 +67,11 @@ def add_arguments(p: argparse.ArgumentParser, tasks_help: str = TASKS_HELP) -> N
     g.add_argument(
         "--data", help="documents for --ppl-by-position (default: standard-library validation files)"
     )
+    g.add_argument(
+        "--as-files", choices=("text", "pdf"), default=None,
+        help="with --endpoint: upload each item's context through the Files API (as Markdown or as a PDF) "
+        "and ask its question about the file (default: the context inline)",
+    )  # fmt: skip
     add_output_arguments(p)
 
 
@@ -83,7 +89,18 @@ def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     client = None
     try:
-        if args.endpoint is not None:
+        if args.as_files and args.endpoint is None:
+            raise EvalError("--as-files needs --endpoint (a server with the Files API on)")
+        if args.endpoint is not None and args.as_files:
+            client = FileEndpointClient(
+                args.endpoint,
+                args.api_model or "",
+                args.as_files,
+                api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
+                timeout=args.timeout,
+            )
+            tokenizer = _endpoint_tokenizer(args.tokenizer)
+        elif args.endpoint is not None:
             client = EndpointClient(
                 args.endpoint,
                 args.api_model or "",

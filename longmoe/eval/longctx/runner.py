@@ -142,7 +142,13 @@ def run_grid(
             prompts = [g.item.prompt() for g in batch]
             budgets = [max_new_tokens(g.item, tokenizer, max_tokens) for g in batch]
             t0 = time.perf_counter()
-            if hasattr(client, "complete_batch"):
+            if hasattr(
+                client, "complete_item"
+            ):  # the context as an uploaded file, the question asked about it
+                replies = [
+                    client.complete_item(g.item.context, g.item.question, m) for g, m in zip(batch, budgets)
+                ]
+            elif hasattr(client, "complete_batch"):
                 replies = client.complete_batch(prompts, budgets)
             else:
                 replies = [client.complete(p, m) for p, m in zip(prompts, budgets)]
