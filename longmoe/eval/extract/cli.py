@@ -46,7 +46,8 @@ def add_extract_arguments(p: argparse.ArgumentParser) -> None:
         choices=LOCAL_INPUTS,
         default="image",
         help="show the page as an image (default) or its content as text (the text-only control); "
-        "text_grid (local models only): the text as a character grid with row/column positions",
+        "text_grid (local models only): the text as a character grid with row/column positions; "
+        "pdf: the page written as a PDF and rendered back by the server's PDF path (pypdfium2)",
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from longmoe.eval.clients import ClientError, HTTPEndpoint, Reply
 from longmoe.tasks.documents import Document
 
-INPUTS = ("image", "text")
+INPUTS = ("image", "text", "pdf")
 # What a general-purpose endpoint is asked (a local model trained by the recipe gets ``INSTRUCTION``)
 ENDPOINT_INSTRUCTION = (
     "Extract every labelled field, item, table row and figure property of this document as one JSON "
@@ -37,6 +37,24 @@ def png_data_uri(image: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def pdf_bytes(image: Any) -> bytes:
+    """A PIL page image as a one-page PDF (what a scanner writes: an image, no text layer)."""
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format="PDF")
+    return buf.getvalue()
+
+
+def pdf_page_image(image: Any) -> Any:
+    """The page as a PDF, rendered back by the server's own path (``serve/files/documents.parse``,
+    ``pages_as="images"``: pypdfium2): the image a model gets for a real PDF page."""
+    from PIL import Image
+
+    from longmoe.serve.files.documents import parse
+
+    doc = parse(pdf_bytes(image), "page.pdf", "application/pdf", pages_as="images")
+    return Image.open(io.BytesIO(doc.images[0])).convert("RGB")
+
+
 def text_prompt(doc: Document) -> str:
     """The text-only control's prompt: the document's content as text, then the instruction."""
     return f"{doc.text}\n\n{ENDPOINT_INSTRUCTION}"
@@ -48,6 +66,11 @@ def chat_messages(doc: Document, inputs: str = "image") -> list[dict[str, Any]]:
         raise ClientError(f"inputs={inputs!r} is invalid: expected one of {INPUTS}")
     if inputs == "text":
         return [{"role": "user", "content": text_prompt(doc)}]
+    if inputs == "pdf":  # the page as a PDF file part: the server renders it (longmoe's pages_as)
+        data = "data:application/pdf;base64," + base64.b64encode(pdf_bytes(doc.image)).decode("ascii")
+        part = {"file_data": data, "filename": "page.pdf", "pages_as": "images"}
+        return [{"role": "user", "content": [{"type": "file", "file": part},
+                                             {"type": "text", "text": ENDPOINT_INSTRUCTION}]}]  # fmt: skip
     content = [
         {"type": "image_url", "image_url": {"url": png_data_uri(doc.image)}},
         {"type": "text", "text": ENDPOINT_INSTRUCTION},

@@ -22,7 +22,7 @@ from longmoe.checkpoint import load_model
 from longmoe.data.images import image_span, patchify
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.eval.clients import ClientError, Reply
-from longmoe.eval.extract.clients import INPUTS
+from longmoe.eval.extract.clients import INPUTS, pdf_page_image
 from longmoe.eval.extract.textgrid import text_grid
 from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
@@ -41,7 +41,10 @@ def prompt_ids(
     vis = model.cfg.vision
     if vis is None:
         raise ClientError("this model has no vision encoder (config field 'vision' is null): use text inputs")
-    patches = text_grid(doc.text, vis) if inputs == "text_grid" else patchify(doc.image, vis)
+    if inputs == "text_grid":
+        patches = text_grid(doc.text, vis)
+    else:  # "pdf": the page written as a PDF and rendered back as the server renders PDF pages
+        patches = patchify(pdf_page_image(doc.image) if inputs == "pdf" else doc.image, vis)
     return [tok.bos_id, *image_span(patches, tok), *tok.encode(f"{INSTRUCTION}\n")], patches
 
 
