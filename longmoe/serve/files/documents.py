@@ -25,6 +25,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from longmoe.serve.images import sniff_format
 
@@ -179,7 +180,28 @@ def parse(
     return _parse_pdf(raw, name, limits, pages_as)
 
 
-def _parse_pdf(raw: bytes, name: str, limits: DocumentLimits, pages_as: str) -> Document:
+def parse_file(
+    path: Path, name: str, declared: str | None = None, limits: DocumentLimits | None = None
+) -> Document:
+    """``parse`` of an uploaded file on disk: a PDF streams from the file into the parsing child (the
+    server never holds it whole); text is read only when its size can fit ``max_chars``."""
+    limits = limits or DocumentLimits()
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    size = path.stat().st_size
+    if b"%PDF-" not in head[:1024] or size <= len(head):
+        if b"%PDF-" not in head[:1024] and sniff_format(head) is None and size > 4 * limits.max_chars:
+            check_filename(name)
+            sniff_kind(head, name, declared)
+            raise DocumentError(f"the text exceeds the limit of {limits.max_chars} characters")
+        return parse(path.read_bytes(), name, declared, limits)
+    check_filename(name)
+    sniff_kind(head, name, declared)
+    with open(path, "rb") as f:
+        return _parse_pdf(f, name, limits, "auto")
+
+
+def _parse_pdf(raw: bytes | BinaryIO, name: str, limits: DocumentLimits, pages_as: str) -> Document:
     opts = {
         "pages_as": pages_as,
         "max_pages": limits.max_pages,
@@ -191,8 +213,9 @@ def _parse_pdf(raw: bytes, name: str, limits: DocumentLimits, pages_as: str) -> 
         "max_cpu": int(limits.max_seconds) + 1,
     }
     cmd = [sys.executable, "-s", str(WORKER), json.dumps(opts)]
+    feed = {"input": raw} if isinstance(raw, bytes) else {"stdin": raw}
     try:
-        p = subprocess.run(cmd, input=raw, capture_output=True, timeout=limits.max_seconds, check=False)
+        p = subprocess.run(cmd, capture_output=True, timeout=limits.max_seconds, check=False, **feed)
     except subprocess.TimeoutExpired:
         raise DocumentError(
             f"parsing the PDF took longer than the limit of {limits.max_seconds:g} s"

@@ -10,6 +10,7 @@ only its own keys: another owner's file id is simply not found.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import secrets
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from longmoe.serve.files.documents import Document, DocumentError, DocumentLimits, parse
+from longmoe.serve.files.documents import Document, DocumentError, DocumentLimits, parse_file
 from longmoe.serve.files.store import ObjectStore
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
@@ -61,11 +62,12 @@ class FileService:
 
     def create(self, owner: str, src: Path, size: int, sha256: str, filename: str, purpose: str,
                mime: str | None) -> dict:  # fmt: skip
-        """Parse, check the quota, then store the file and its document; the file object."""
+        """Parse (streamed from ``src``), check the quota, then store the file and its document; the
+        file object."""
         if purpose not in PURPOSES:
             raise FileError(400, f"purpose: expected one of {', '.join(PURPOSES)}", "invalid_value")
         try:
-            doc = parse(src.read_bytes(), filename, mime, self.limits)
+            doc = parse_file(src, filename, mime, self.limits)
         except DocumentError as e:
             raise FileError(e.status, f"file: {e}", "invalid_file") from None
         with self._lock:  # quota check and store as one step: two uploads cannot both squeeze in
@@ -99,8 +101,6 @@ class FileService:
                 "images": {str(k): base64.b64encode(v).decode() for k, v in doc.images.items()},
             }
             raw = json.dumps(payload).encode()
-            import hashlib
-
             self.store.put_bytes(
                 f"{owner}/{fid}.doc", raw, {"derived": fid, "sha256": hashlib.sha256(raw).hexdigest()}
             )
