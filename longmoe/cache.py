@@ -78,12 +78,12 @@ class LayerState(ABC):
 
     forgets: bool = True
     # a recurrent layer records ``(offset, state, ...)`` here during a forward call when this is a list
-    # (``Cache.start_taps``); per-token layers never need to
-    taps: list | None = None
+    # (``Cache.record_chunk_states``); per-token layers never need to
+    chunk_states: list | None = None
 
-    def tapped(self, entry: tuple) -> LayerState:
-        """One row of a recorded tap (its row as a one-row state, copied); recurrent layers only."""
-        raise NotImplementedError(f"{type(self).__name__} records no taps")
+    def chunk_state(self, entry: tuple) -> LayerState:
+        """One row of a recorded chunk state (its row as a one-row state, copied); recurrent layers only."""
+        raise NotImplementedError(f"{type(self).__name__} records no chunk states")
 
     @abstractmethod
     def select(self, idx: torch.Tensor, max_len: int) -> Self:
@@ -144,9 +144,11 @@ class KDAState(LayerState):
     state: torch.Tensor
     conv: torch.Tensor
     forgets = False
-    taps: list | None = field(default=None, repr=False, compare=False)  # (offset, [B,H,K,V], [B,W-1,C])
+    chunk_states: list | None = field(
+        default=None, repr=False, compare=False
+    )  # (offset, [B,H,K,V], [B,W-1,C])
 
-    def tapped(self, entry: tuple) -> list[KDAState]:
+    def chunk_state(self, entry: tuple) -> list[KDAState]:
         _, state, conv = entry
         return [
             KDAState(state[b : b + 1].clone(), conv[b : b + 1].clone(memory_format=torch.contiguous_format))
@@ -346,25 +348,25 @@ class Cache:
             layers.append(part)
         return Cache(layers, seq_lens)
 
-    def start_taps(self) -> None:
+    def record_chunk_states(self) -> None:
         """Have every recurrent layer record its state at each chunk boundary inside the next forward
         call (``KDALayer`` takes them from the chunked scan): prefix reuse keeps states every few tokens
         without splitting the prefill into small calls."""
         for st in self.layers:
             if not st.forgets:
-                st.taps = []
+                st.chunk_states = []
 
-    def take_taps(self) -> list[dict[int, list[LayerState | None]]]:
-        """What ``start_taps`` recorded, per row: ``{offset in the call: per layer its state there}``
+    def take_chunk_states(self) -> list[dict[int, list[LayerState | None]]]:
+        """What ``record_chunk_states`` recorded, per row: ``{offset in the call: per layer its state there}``
         (None for per-token layers, which keep every token anyway); only offsets that every recurrent
         layer recorded. Stops recording."""
         per_layer: list[dict[int, list[LayerState]] | None] = []
         for st in self.layers:
-            if st.forgets or st.taps is None:
+            if st.forgets or st.chunk_states is None:
                 per_layer.append(None if st.forgets else {})
                 continue
-            per_layer.append({e[0]: st.tapped(e) for e in st.taps})
-            st.taps = None
+            per_layer.append({e[0]: st.chunk_state(e) for e in st.chunk_states})
+            st.chunk_states = None
         rec = [d for d in per_layer if d is not None]
         offsets = set.intersection(*(set(d) for d in rec)) if rec else set()
         return [

@@ -124,7 +124,7 @@ class KDALayer(nn.Module):
         B, T, _ = x.shape
         q, k, v, g, beta, out_gate, xp = self._features(x, None if state is None else state.conv, packing)
         tail = xp[:, T:]  # [B, W-1, C]
-        taps = None if state is None else state.taps  # prefix reuse: states at chunk boundaries
+        recording = None if state is None else state.chunk_states  # prefix reuse: states at chunk ends
         # the operator chooses its own precision (fp32 state and scan for bf16 inputs): keep autocast out
         # (entered only when on: an autocast region in a compiled graph bypasses AOTAutograd's disk cache)
         dev = x.device.type
@@ -147,12 +147,12 @@ class KDALayer(nn.Module):
                     cu_seqlens=None if packing is None else packing.cu_seqlens,
                     chunk_size=self.chunk_size,
                     intra=self.intra,
-                    return_chunk_states=taps is not None,
+                    return_chunk_states=recording is not None,
                 )  # [B, T, H, V]
-                if taps is not None:  # the state and conv tail after each full chunk inside the call
+                if recording is not None:  # the state and conv tail after each full chunk inside the call
                     C, W = self.chunk_size, self.conv_size
                     for j, s in enumerate(chunk_states[0][: (T - 1) // C]):  # [B, H, K, V]
-                        taps.append(((j + 1) * C, s, xp[:, (j + 1) * C : (j + 1) * C + W - 1]))
+                        recording.append(((j + 1) * C, s, xp[:, (j + 1) * C : (j + 1) * C + W - 1]))
         if state is not None:
             # a copy with canonical strides: not a view holding the inputs alive, and one stride pattern
             # whatever T was (compiled steps guard on strides)

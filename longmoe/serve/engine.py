@@ -1,12 +1,14 @@
 """The inference engine: the public API, and the loop that runs steps (in the waiting caller, or a thread).
 
 As vLLM's engine core, a thin loop over two parts: the **scheduler** (``serve/scheduler.py``: queues,
-admission against the ``CacheBudget``, prefix snapshots, sessions, cancellation; no tensors) plans
-each step, the **model runner** (``serve/runner.py``: prefill chunks, batched decode, compiled steps,
-speculation, banned tokens, sampling) runs it. A step: ``intake`` (submissions, cancellations),
-``schedule`` (admit in arrival order; the ``StepPlan``), one batched decode step for every running row,
-one prefill chunk shared by the oldest prefilling requests (a request whose prompt is complete gets its
-first token), then regroup: finished rows leave the batch cache, prefilled requests join it.
+admission against the ``CacheBudget``, prefix reuse, sessions, cancellation; no tensors) plans each
+step, the **model runner** (``serve/runner.py``: prefill chunks, batched decode, compiled steps,
+speculation, banned tokens, sampling) runs it. A step goes one way (``serve/step.py``):
+``plan = scheduler.schedule()`` (submissions, cancellations, admission in arrival order),
+``output = runner.execute(plan)`` (rows leave, one batched decode step for every running row, one
+prefill chunk shared by the oldest prefilling requests: a completed prompt gets its first token and
+joins the batch, finished rows leave it), ``scheduler.update(plan, output)`` (the output processor's
+text and stop strings, events, finishing, snapshots and sessions' rows).
 Tokenisation (``encode_prompt``, ``encode_chat``) and building the ``Request`` happen here, on the
 caller's thread. Prefix reuse, speculative decoding, sessions and images never change greedy outputs.
 """
@@ -35,10 +37,11 @@ from longmoe.model import LongMoE
 from longmoe.quantize import quantize_model
 from longmoe.serve.budget import CacheBudget, CacheSpec
 from longmoe.serve.compiled import CompiledSteps
-from longmoe.serve.detok import IncrementalDetokenizer
 from longmoe.serve.engine_config import EngineConfig
 from longmoe.serve.errors import EngineError
-from longmoe.serve.prefix_cache import PrefixCache
+from longmoe.serve.output import OutputProcessor
+from longmoe.serve.prefix_policy import PrefixPolicy
+from longmoe.serve.prefix_store import SnapshotStore
 from longmoe.serve.prompt_images import check_images, image_token_ids
 from longmoe.serve.request import Completion, Event, Request, RequestHandle, check_ids, check_lengths
 from longmoe.serve.runner import ModelRunner
@@ -84,10 +87,12 @@ class Engine:
         self.speculator = self.runner.speculator
         self.spec = CacheSpec.of_cache(self.runner.new_cache())
         self.budget = CacheBudget(self.spec, c.cache_budget_bytes, c.block_size)
-        self.prefix = PrefixCache(self.budget, c.prefix_block_size, self.device) if c.prefix_cache else None
-        self.runner.taps = self.prefix is not None
-        if self.prefix is not None:
-            self.prefix.taps = not c.compile
+        # prefix reuse: the snapshot store, and the policy that admits requests against it; prefill
+        # records chunk states inside its calls unless compiled (a side effect in the graph)
+        self.prefix = SnapshotStore(self.budget, c.prefix_block_size, self.device) if c.prefix_cache else None
+        policy = None if self.prefix is None else PrefixPolicy(self.prefix, record_states=not c.compile)
+        self.runner.record_states = self.prefix is not None
+        self.outputs = OutputProcessor(tokenizer)
         self.scheduler = Scheduler(
             self.budget,
             self.runner.new_cache,
@@ -95,7 +100,8 @@ class Engine:
             max_waiting=c.max_waiting,
             prefill_chunk=c.prefill_chunk,
             max_context=self.max_context,
-            prefix=self.prefix,
+            prefix=policy,
+            outputs=self.outputs,
         )
         self.sessions = self.scheduler.sessions
         self.counters, self.finished = self.scheduler.counters, self.scheduler.finished
@@ -193,9 +199,18 @@ class Engine:
             q = queue.Queue()
             sink = q.put
         tok, rid = self.tokenizer, next(self._ids)
-        ends, detok = (tok.eos_id, tok.end_id), IncrementalDetokenizer(tok)
+        ends = (tok.eos_id, tok.end_id)
         req = Request.new(
-            rid, ids, params, sink, ends, detok, self.vocab_size, self.device, session, prompt_images
+            rid,
+            ids,
+            params,
+            sink,
+            ends,
+            self.vocab_size,
+            self.device,
+            session,
+            prompt_images,
+            self.max_context,
         )
         req.salt = cache_salt
         with self.scheduler.cv:  # one thread starts, however many callers submit at once
@@ -375,32 +390,13 @@ class Engine:
             self._stepping = None
 
     def step(self) -> None:
-        """One iteration (see the module docstring): the scheduler plans, the runner runs; engine thread."""
-        sch, run = self.scheduler, self.runner
-        if sch.intake():  # cancelled rows leave the batch before anything runs
-            self._regroup()
-        plan = sch.schedule()
-        before = sum(len(r.out) for r in plan.decode)
-        if plan.decode and (order := run.decode(plan.decode, sch.emit)) is not None:
-            sch.reorder(order)
-        n_tokens = sum(len(r.out) for r in plan.decode) - before
-        if plan.prefill:
-            logits = run.prefill(plan.prefill, plan.chunk)  # [k, V]
-            for i, r in enumerate(plan.prefill):
-                if sch.fed(r, plan.chunk):
-                    sch.emit(r, run.choose(r, logits[i]))
-                    sch.prefilled(r)
-                    n_tokens += 1
-        self._regroup()
-        sch.count_step(n_tokens)
-        self.cache_bytes_in_use = sch.held_bytes() + run.batch_bytes()
-
-    def _regroup(self) -> None:
-        change = self.scheduler.regroup()
-        rows = self.runner.regroup(change.keep, change.rows_kept, change.joining)
-        self.scheduler.regrouped(change, rows)
+        """One iteration, one way (see the module docstring); engine thread."""
+        plan = self.scheduler.schedule()
+        output = self.runner.execute(plan)
+        self.scheduler.update(plan, output)
+        self.cache_bytes_in_use = self.scheduler.held_bytes() + self.runner.batch_bytes()
 
     def _fail_all(self, error: str, reason: str = "error") -> None:
         self.scheduler.fail_all(error, reason)
-        self.runner.batch = None
+        self.runner.reset()
         self.cache_bytes_in_use = 0

@@ -1,8 +1,8 @@
 """A request inside the engine and what it gives back: its state, per-token events, the result.
 
 ``Request`` is the engine's record of one submission (prompt, sampling state, its cache while
-prefilling, output so far, text and how much of it was sent); ``Event`` is what the request's sink
-receives after each token and ``Completion`` the final result.
+prefilling, the tokens so far); its text lives in the output processor (``serve/output.py``).
+``Event`` is what the request's sink receives after each token and ``Completion`` the final result.
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from longmoe.cache import Cache
 from longmoe.serve.budget import CacheBudget, CacheBudgetError
-from longmoe.serve.detok import IncrementalDetokenizer
 from longmoe.serve.errors import EngineError
 from longmoe.serve.sampling import SamplerState, SamplingParams, TokenChoice
 from longmoe.serve.session import Session
-from longmoe.serve.stops import find_stop, safe_end
 
 if TYPE_CHECKING:
     import torch
@@ -51,6 +49,9 @@ class Completion:
     error: str | None = None
     cached_tokens: int = 0  # prompt tokens not prefilled: a session's kept row or a prefix snapshot
     queue_s: float = 0.0  # seconds from submission to admission (the whole life if never admitted)
+    # with ``SamplingParams.prompt_logprobs``: [T] None, then log p(x_t | x_<t); and the k alternatives
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
 
 
 @dataclass
@@ -77,21 +78,17 @@ class Request:
     cache: Cache | None = None  # own single-row cache while prefilling
     n_fed: int = 0
     block_hashes: list[bytes] = field(default_factory=list)  # prefix reuse: chained hash per block
-    taps: dict = field(
-        default_factory=dict
-    )  # prefix reuse: {prompt position: layer states} of the last chunk
     reused: int = 0  # prompt tokens restored from a prefix snapshot or a session's kept row
     session: Session | None = None  # keeps its cache row when the request finishes
     keep_end: bool = False  # its finished row becomes a prefix snapshot (``PrefixCache.store_end``)
     images: RequestImages | None = None  # the prompt's images (serve/prompt_images.py)
     salt: bytes | None = None  # prefix reuse only among requests of the same salt (``Engine.submit``)
-    prefix_stops: set[int] = field(default_factory=set)  # prompt lengths others wait to reuse
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
-    detok: IncrementalDetokenizer | None = None
-    text: str = ""
-    sent: int = 0  # characters of ``text`` already emitted
+    prompt_lps: list[float | None] = field(default_factory=lambda: [None])  # scoring: see Completion
+    prompt_tops: list[list[tuple[int, float]] | None] = field(default_factory=lambda: [None])
+    max_context: int = 1 << 62  # prompt + output limit (the engine's context window)
     finish: str | None = None
     cancelled: bool = False
     submitted_at: float = field(default_factory=time.monotonic)
@@ -105,11 +102,11 @@ class Request:
         params: SamplingParams,
         sink: Callable[[Event], None],
         end_ids: tuple[int, ...],
-        detok: IncrementalDetokenizer,
         vocab_size: int,
         device: torch.device,
         session: Session | None = None,
         images: RequestImages | None = None,
+        max_context: int = 1 << 62,
     ) -> Request:
         """A submission with its stop ids (``end_ids``, the tokenizer's end tokens, unless
         ``ignore_eos``) and its own sampler (seeded generator, penalties, constraint)."""
@@ -126,15 +123,21 @@ class Request:
             plain_greedy=plain_greedy(params),
             session=session,
             images=images,
-            detok=detok,
+            max_context=max_context,
         )
+
+    @property
+    def lives_on(self) -> bool:
+        """Whether the request's row lives on once it finishes by a stop or the length limit (a
+        session's next turn, or an end-of-request prefix snapshot)."""
+        return self.session is not None or self.keep_end
 
     @property
     def keeps_row(self) -> bool:
         """Whether the finished request's cache row lives on (a session's next turn continues it, the
         scheduler's ``_keep_session``, or an end-of-request prefix snapshot, ``_keep_end``): it must then
         have seen exactly ``prompt_ids + out[:-1]``."""
-        return (self.session is not None or self.keep_end) and self.finish in ("stop", "length")
+        return self.lives_on and self.finish in ("stop", "length")
 
     @property
     def image_marks(self) -> tuple[Mark, ...]:
@@ -143,47 +146,39 @@ class Request:
         marks = self.images.marks if self.images is not None else ()
         return marks if self.salt is None else ((0, self.salt), *marks)
 
-    def record(self, choice: TokenChoice, max_context: int) -> tuple[str | None, str]:
-        """Append a chosen token; returns the finish reason (None: go on) and the text delta to send.
+    @property
+    def scoring(self) -> bool:
+        """Whether the prompt is scored (``SamplingParams.prompt_logprobs``): prefilled alone, with
+        every position's logits, never from a snapshot."""
+        return self.params.prompt_logprobs is not None
 
-        Per token the work is bounded, not proportional to the output so far: the detokeniser decodes
-        a small window of recent ids, and stop strings are searched only where a new match can be.
-        """
-        p, tok = self.params, choice.token
-        self.out.append(tok)
+    def stop_reason(self, token: int, n_out: int) -> str | None:
+        """The finish the runner can decide alone after ``token``, the ``n_out``-th output token (its
+        sampler has accepted it): a stop token, the constraint closed, the length limit (see
+        ``step.RUNNER_FINISHES``); None: go on. Stop strings need the text (``serve/output.py``)."""
+        if token in self.stop_ids:
+            return "stop_token"
+        if self.sampler is not None and self.sampler.constrained_done:  # e.g. the JSON is closed
+            return "complete"
+        if n_out >= self.params.max_tokens or len(self.prompt_ids) + n_out >= self.max_context:
+            return "length"
+        return None
+
+    def append(self, choice: TokenChoice) -> None:
+        """Record a chosen token (and its logprobs)."""
+        self.out.append(choice.token)
         if choice.logprob is not None:
             self.lps.append(choice.logprob)
         if choice.top is not None:
             self.tops.append(choice.top)
-        assert self.detok is not None
-        length = len(self.out) >= p.max_tokens or len(self.prompt_ids) + len(self.out) >= max_context
-        reason = "stop" if tok in self.stop_ids else None
-        new = "" if reason else self.detok.step(tok)
-        complete = self.sampler is not None and self.sampler.constrained_done  # e.g. the JSON is closed
-        if reason or length or complete:  # the last token: the text is complete, partial characters included
-            new += self.detok.flush()
-        if new:
-            self.text += new
-            if p.stop and (cut := find_stop(self.text, p.stop, len(new))) is not None:
-                self.text, reason = self.text[:cut], "stop"
-        if reason is None and complete:
-            reason = "stop"
-        if reason is None and length:
-            reason = "length"
-        end = len(self.text) if reason else safe_end(self.text, p.stop, self.sent)
-        delta = self.text[self.sent : end] if end > self.sent else ""
-        self.sent = max(self.sent, end)
-        return reason, delta
 
-    def complete(self, reason: str, error: str | None = None) -> Completion:
-        """Mark the request finished and build its result."""
+    def complete(self, reason: str, text: str, error: str | None = None) -> Completion:
+        """Mark the request finished and build its result (``text``: from the output processor)."""
         self.finish = reason
-        if self.detok is not None and reason in ("cancelled", "error"):
-            self.text += self.detok.flush()  # as decoded so far, a trailing incomplete character included
-        self.detok = None
         want_lp = self.params.logprobs or self.params.top_logprobs
+        scored = self.scoring and len(self.prompt_lps) == len(self.prompt_ids)
         return Completion(
-            text=self.text,
+            text=text,
             token_ids=list(self.out),
             finish_reason=reason,
             logprobs=list(self.lps) if want_lp else None,
@@ -193,6 +188,8 @@ class Request:
             error=error,
             cached_tokens=self.reused,
             queue_s=(self.admitted_at or time.monotonic()) - self.submitted_at,
+            prompt_logprobs=list(self.prompt_lps) if scored else None,
+            prompt_top_logprobs=list(self.prompt_tops) if scored and self.params.prompt_logprobs else None,
         )
 
 

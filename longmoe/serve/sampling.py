@@ -70,6 +70,9 @@ class SamplingParams:
     logprobs: bool = False  # return the log-probability of every generated token
     top_logprobs: int = 0  # and of the k most likely alternatives at each step
     ignore_eos: bool = False  # keep going past the tokenizer's end-of-document token
+    # score the prompt: log p(x_t | x_<t) of every prompt token and the k most likely alternatives
+    # (k = this; 0: none); None: off. ``max_tokens`` may then be 0 (score without generating).
+    prompt_logprobs: int | None = None
     # makes a fresh TokenConstraint for each request these parameters are used for (None: no constraint)
     constraint: Callable[[], TokenConstraint] | None = None
 
@@ -78,7 +81,9 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
-        _check_int("max_tokens", self.max_tokens, lo=1)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, lo=0, hi=MAX_TOP_LOGPROBS)
+        _check_int("max_tokens", self.max_tokens, lo=0 if self.prompt_logprobs is not None else 1)
         _check_float("temperature", self.temperature, 0.0, 100.0)
         _check_int("top_k", self.top_k, lo=0)
         _check_float("top_p", self.top_p, 0.0, 1.0)

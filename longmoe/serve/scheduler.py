@@ -4,9 +4,15 @@ As vLLM's scheduler, bookkeeping only (no tensors, no forward pass: ``serve/runn
 so it is tested without a model. Caches pass through it as opaque objects (a fresh one from
 ``new_cache``, a session's kept row from ``Sessions``, a prefix snapshot from ``PrefixCache``).
 
+A step goes one way (``serve/step.py``): ``schedule()`` plans it, the runner executes the plan,
+``update(plan, output)`` records each token through the output processor (``serve/output.py``: text,
+stop strings), emits events, finishes requests and moves them between queues.
+
 A request moves ``incoming`` (submitted, any thread) → ``waiting`` → ``prefilling`` (admitted: a
 budget reservation for its whole life, prompt + ``max_tokens``, and its own one-row cache) →
-``joining`` (first token chosen) → ``running`` (a row of the runner's batch cache) → finished.
+``running`` (first token chosen: a row of the runner's batch cache) → finished. A row the runner did
+not finish itself (a stop string, a cancellation, a consumer that raised) leaves the batch at the
+start of the next step (``leaving``).
 Admission is first come, first served: nothing overtakes the oldest waiting request; when the budget
 is short, prefix snapshots are evicted first, then idle sessions' kept rows, else it waits.
 ``Request.reused`` counts the prompt tokens a request did not prefill (reported as ``cached_tokens``).
@@ -19,42 +25,22 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from longmoe.serve.errors import EngineError
+from longmoe.serve.output import OutputProcessor
 from longmoe.serve.request import FINISH_REASONS, Event, Request
 from longmoe.serve.session import Session, Sessions
+from longmoe.serve.step import RowOutput, StepOutput, StepPlan
 
 if TYPE_CHECKING:
     from longmoe.serve.budget import CacheBudget
-    from longmoe.serve.prefix_cache import PrefixCache
-    from longmoe.serve.sampling import TokenChoice
+    from longmoe.serve.prefix_policy import PrefixPolicy
 
 log = logging.getLogger(__name__)
 
 TPS_WINDOW_S = 10.0  # tokens_per_second averages over this window
 MIN_PREFILL_ROW = 16  # fewest prompt tokens per row when prefill chunks are shared by several requests
-
-
-@dataclass
-class StepPlan:
-    """What one step runs: a decode step over ``decode`` (the running batch, in row order), then one
-    prefill chunk of ``chunk`` prompt tokens for each request of ``prefill``."""
-
-    decode: list[Request] = field(default_factory=list)
-    prefill: list[Request] = field(default_factory=list)
-    chunk: int = 0
-
-
-@dataclass
-class Regroup:
-    """A change of the batch membership: rows ``keep`` stay, in order (None: every row does), rows
-    ``rows_kept`` are handed back as one-row caches for their sessions, then ``joining`` are appended."""
-
-    keep: list[int] | None
-    rows_kept: list[int]
-    joining: list[Any]
 
 
 class Scheduler:
@@ -72,9 +58,13 @@ class Scheduler:
         max_waiting: int,
         prefill_chunk: int,
         max_context: int,
-        prefix: PrefixCache | None = None,
+        prefix: PrefixPolicy | None = None,
+        outputs: OutputProcessor | None = None,
     ) -> None:
+        """``prefix``: prefix reuse (its policy, over the snapshot store); ``outputs``: the requests'
+        text (None: no text, the model-free tests)."""
         self.budget, self.new_cache, self.prefix = budget, new_cache, prefix
+        self.outputs = outputs or OutputProcessor(None)
         self.max_batch, self.max_waiting, self.prefill_chunk = max_batch, max_waiting, prefill_chunk
         self.max_context = max_context
         self.sessions = Sessions(budget)
@@ -83,8 +73,8 @@ class Scheduler:
         self.incoming: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
-        self.joining: list[Request] = []
-        self.running: list[Request] = []  # the rows of the runner's batch cache, in order
+        self.running: list[Request] = []  # the requests whose rows are in the runner's batch cache
+        self.leaving: dict[int, bool] = {}  # finished running rows to leave next step (id -> handed back)
         self._closing: list[Session] = []
         self._cancel_pending = False
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
@@ -133,7 +123,7 @@ class Scheduler:
             return not self.closed
 
     def has_work(self) -> bool:
-        return bool(self.incoming or self.waiting or self.n_running or self._closing)
+        return bool(self.incoming or self.waiting or self.n_running or self._closing or self.leaving)
 
     @property
     def n_waiting(self) -> int:
@@ -141,12 +131,12 @@ class Scheduler:
 
     @property
     def n_running(self) -> int:
-        return len(self.prefilling) + len(self.joining) + len(self.running)
+        return len(self.prefilling) + len(self.running)
 
     # ------------------------------------------------------------------ engine thread: one step
     def intake(self) -> bool:
         """Take new submissions, drop closed sessions' rows, finish cancelled requests. True when a
-        running row was cancelled (the batch must be regrouped before the next step)."""
+        running row was cancelled (it leaves the batch at the start of the step, ``leaving``)."""
         with self.cv:
             self.waiting.extend(self.incoming)
             self.incoming.clear()
@@ -160,30 +150,41 @@ class Scheduler:
         for r in [r for r in self.waiting if r.cancelled]:
             self.waiting.remove(r)
             self.finish(r, "cancelled")
-        for lst in (self.prefilling, self.joining):
-            for r in [r for r in lst if r.cancelled]:
-                lst.remove(r)
-                r.cache = None
-                self.finish(r, "cancelled")
+        for r in [r for r in self.prefilling if r.cancelled]:
+            self.prefilling.remove(r)
+            r.cache = None
+            self.finish(r, "cancelled")
+            if self.prefix is not None:
+                self.prefix.done(r)
         for r in self.running:
             if r.cancelled and r.finish is None:
                 self.finish(r, "cancelled")
+                self.leaving[r.id] = False
         return True
 
     def schedule(self) -> StepPlan:
-        """Admit what fits, then plan the step: decode every running row, prefill one chunk.
+        """Take submissions and cancellations (``intake``), admit what fits, then plan the step: rows
+        leave, decode every running row, prefill one chunk.
 
-        The chunk goes to the oldest prefilling requests that are ready (``PrefixCache.ready`` holds
+        The chunk goes to the oldest prefilling requests that are ready (``PrefixPolicy.ready`` holds
         back one whose prefix an older request is computing): ``k`` rows that each get the same number
         ``L = min(shortest remaining prompt, prefill_chunk // k)`` of tokens, a dense ``[k, L]`` batch.
         Any split of a prompt gives the same logits, so the grouping never changes an output. With
-        prefix reuse the chunk ends where a snapshot is wanted (``PrefixCache.chunk``)."""
+        prefix reuse the chunk ends where a snapshot is wanted (``PrefixPolicy.chunk``). A scored
+        prompt (every position's logits) is a chunk of its own."""
+        self.intake()
         self._admit()
-        plan = StepPlan(decode=list(self.running))
-        if self.prefilling:
+        leaving, self.leaving = self.leaving, {}
+        plan = StepPlan(decode=[r for r in self.running if r.id not in leaving], leaving=leaving)
+        ready = self.prefilling if self.prefix is None else self.prefix.ready(self.prefilling)
+        if any(leaving.values()):  # rows coming back (snapshots, sessions): nothing starts before them
+            ready = [r for r in ready if r.n_fed > r.reused]
+        if ready:
             cs = self.prefill_chunk
-            ready = self.prefilling if self.prefix is None else self.prefix.ready(self.prefilling)
-            group = ready[: max(1, cs // MIN_PREFILL_ROW)]
+            if ready[0].scoring:
+                group = ready[:1]
+            else:
+                group = [r for r in ready if not r.scoring][: max(1, cs // MIN_PREFILL_ROW)]
             L = min(min(len(r.prompt_ids) - r.n_fed for r in group), max(1, cs // len(group)))
             if self.prefix is not None and group[0].block_hashes:
                 L = self.prefix.chunk(group[0], L)
@@ -198,9 +199,11 @@ class Scheduler:
                 return
             r = self.waiting[0]
             s = r.session
+            if s is not None and any(o.session is s for o in self.running if o.id in self.leaving):
+                return  # its previous turn's row comes back at the next step: continue it then
             key = s.key if s is not None else None
             while not self.budget.try_reserve(r.id, len(r.prompt_ids) + r.params.max_tokens, key):
-                if self.prefix is not None and self.prefix.evict_one():  # snapshots go first,
+                if self.prefix is not None and self.prefix.store.evict_one():  # snapshots go first,
                     continue
                 if not self.sessions.evict_one(keep=s):  # then idle sessions' kept rows
                     return  # wait for running requests to free their reservations (arrival order kept)
@@ -214,62 +217,83 @@ class Scheduler:
                 r.cache = self.new_cache()
             if s is not None:
                 self.sessions.stats.turns += 1
-            r.keep_end = s is None and self.prefix is not None
+            r.keep_end = s is None and self.prefix is not None and not r.scoring
             if self.prefix is not None and r.reused == 0:
-                r.block_hashes = self.prefix.hashes(r.prompt_ids, r.image_marks)
-                self.prefix.reuse(r)
+                self.prefix.admit(r)
             self.prefilling.append(r)
 
-    def fed(self, r: Request, n: int) -> bool:
-        """``r``'s cache has consumed ``n`` more prompt tokens; True when its prompt is complete (it
-        leaves ``prefilling``; the caller chooses its first token, then calls ``prefilled``)."""
-        r.n_fed += n
+    def update(self, plan: StepPlan, out: StepOutput) -> None:
+        """Record what the runner did for ``plan``: emit each token (finishing requests), hand the rows
+        that came back to sessions and prefix snapshots, move completed prompts to ``running``."""
+        by_id = {r.id: r for r in self.running}
+        for rid in plan.leaving:  # finished earlier; their rows left the batch at the step's start
+            r = by_id[rid]
+            self.running.remove(r)
+            self._release_row(r, out.rows.get(rid))
+        n_tokens = 0
+        for rid, row in out.decoded.items():
+            r = by_id[rid]
+            n_tokens += self._record(r, row)
+            if row.finish is not None:  # the runner finished it: its row left the batch
+                self.running.remove(r)
+                self._release_row(r, out.rows.get(rid))
+            elif r.finish is not None:  # finished here (a stop string, a consumer): leaves next step
+                self.leaving[rid] = r.keeps_row
+        for r in plan.prefill:
+            n_tokens += self._fed(r, out)
+        self.count_step(n_tokens)
+
+    def _fed(self, r: Request, out: StepOutput) -> int:
+        """``r``'s cache consumed its chunk; a completed prompt's first token. Returns tokens emitted."""
+        r.n_fed += out.fed[r.id]
+        if r.scoring:
+            r.prompt_lps += out.prompt_logprobs.get(r.id, [])
+            r.prompt_tops += out.prompt_top.get(r.id, [])
         if self.prefix is not None and r.cache is not None and r.block_hashes:
-            self.prefix.store(r.prompt_ids, r.block_hashes, r.cache, r.image_marks, r.taps)
-        r.taps = {}
+            states = out.chunk_states.get(r.id)
+            self.prefix.store.store(r.prompt_ids, r.block_hashes, r.cache, r.image_marks, states)
         if r.n_fed < len(r.prompt_ids):
-            return False
+            return 0
         if r.images is not None:
             r.images.release()
-        if self.prefix is not None and r.block_hashes:
-            self.prefix.count(r)
+        if self.prefix is not None:
+            self.prefix.done(r)
         self.prefilling.remove(r)
-        return True
-
-    def prefilled(self, r: Request) -> None:
-        """After the first token: join the batch at the next regroup, or (finished already) leave."""
-        if r.finish is None:
-            self.joining.append(r)
-        else:
-            self._keep_end(r, r.cache)
-            self._keep_session(r, r.cache)
+        row = out.first[r.id]
+        n = self._record(r, row)
+        if r.id in out.joined:  # a row of the batch now (the runner stacked its cache)
             r.cache = None
-
-    def reorder(self, order: list[int]) -> None:
-        """The runner permuted the batch rows (speculative rollback): ``running`` follows."""
-        self.running = [self.running[i] for i in order]
-
-    def regroup(self) -> Regroup:
-        """The membership change due now: finished rows leave, requests whose prefill ended join."""
-        keep = [i for i, r in enumerate(self.running) if r.finish is None]
-        kept = [i for i, r in enumerate(self.running) if r.keeps_row]
-        stay = keep if len(keep) < len(self.running) else None
-        return Regroup(stay, kept, [r.cache for r in self.joining])
-
-    def regrouped(self, change: Regroup, rows: list[Any]) -> None:
-        """Apply ``change`` once the runner did; ``rows``: the one-row caches of ``change.rows_kept``."""
-        given = dict(zip(change.rows_kept, rows, strict=True))
-        for i, r in enumerate(self.running):
+            self.running.append(r)
             if r.finish is not None:
-                self._keep_end(r, given.get(i))
-            if r.finish is not None and r.session is not None:
-                self._keep_session(r, given.get(i))
-        if change.keep is not None:
-            self.running = [self.running[i] for i in change.keep]
-        self.running += self.joining
-        for r in self.joining:
+                self.leaving[r.id] = r.keeps_row
+        else:
+            self._release_row(r, r.cache)
             r.cache = None
-        self.joining = []
+        return n
+
+    def _record(self, r: Request, row: RowOutput) -> int:
+        """Record ``row``'s tokens in order until the request finishes; returns how many were recorded.
+        The text, its stop strings and the final reason come from the output processor."""
+        if not row.choices:  # a scored prompt without generation
+            self.finish(r, row.finish or "length")
+            return 0
+        for i, choice in enumerate(row.choices):
+            r.append(choice)
+            last = i == len(row.choices) - 1
+            reason, delta = self.outputs.process(
+                r.id, choice.token, r.params.stop, row.finish if last else None
+            )
+            lp = [choice.logprob] if choice.logprob is not None else None
+            if reason is not None:
+                self.finish(r, reason, delta, [choice.token], lp)
+                return i + 1
+            try:
+                r.sink(Event(delta, [choice.token], lp))
+            except Exception:  # a consumer that raises loses its own request, never the batch
+                log.exception("request %d: its consumer raised; finishing it", r.id)
+                self.finish(r, "error", error="the request's event consumer raised")
+                return i + 1
+        return len(row.choices)
 
     def count_step(self, n_tokens: int) -> None:
         """A step ended having produced ``n_tokens`` tokens."""
@@ -285,26 +309,11 @@ class Scheduler:
         return sum(n for t, n in list(self._recent) if now - t <= TPS_WINDOW_S) / TPS_WINDOW_S
 
     def held_bytes(self) -> int:
-        """Bytes of the caches the scheduler holds (prefilling and joining rows, idle sessions' rows)."""
-        live = sum(r.cache.nbytes() for r in self.prefilling + self.joining if r.cache is not None)
+        """Bytes of the caches the scheduler holds (prefilling rows, idle sessions' rows)."""
+        live = sum(r.cache.nbytes() for r in self.prefilling if r.cache is not None)
         return live + sum(s.cache.nbytes() for s in self.sessions.idle.values() if s.cache is not None)
 
-    # ------------------------------------------------------------------ per-token bookkeeping
-    def emit(self, r: Request, choice: TokenChoice) -> bool:
-        """Record a token (``Request.record``: stop conditions, the safe text delta), finish if done;
-        whether the request wants more tokens."""
-        reason, delta = r.record(choice, self.max_context)
-        lp = [choice.logprob] if choice.logprob is not None else None
-        if reason is None:
-            try:
-                r.sink(Event(delta, [choice.token], lp))
-            except Exception:  # a consumer that raises loses its own request, never the batch
-                log.exception("request %d: its consumer raised; finishing it", r.id)
-                self.finish(r, "error", error="the request's event consumer raised")
-        else:
-            self.finish(r, reason, delta, [choice.token], lp)
-        return r.finish is None
-
+    # ------------------------------------------------------------------ finishing
     def finish(
         self,
         r: Request,
@@ -322,8 +331,9 @@ class Scheduler:
                 r.session.turns += 1
             r.session.active = False
         self.finished[reason] += 1
+        done = r.complete(reason, self.outputs.finish(r.id, reason), error)
         try:
-            r.sink(Event(delta, new or [], lp, r.complete(reason, error)))
+            r.sink(Event(delta, new or [], lp, done))
         except Exception:  # a consumer that went away must not break the scheduler
             log.exception("request %d: delivering the result failed", r.id)
 
@@ -332,19 +342,22 @@ class Scheduler:
         with self.cv:
             self.waiting.extend(self.incoming)
             self.incoming.clear()
-        for r in list(self.waiting) + self.prefilling + self.joining + self.running:
+        for r in list(self.waiting) + self.prefilling + self.running:
             if r.finish is None:
                 self.finish(r, reason, error=error)
         self.waiting.clear()
-        self.prefilling, self.joining, self.running = [], [], []
+        self.prefilling, self.running, self.leaving = [], [], {}
 
-    def _keep_end(self, r: Request, cache: Any) -> None:
-        """A finished request's row (``Request.keep_end``) becomes a snapshot of the conversation so far
-        (multi-turn chat: the next turn starts where this one ended)."""
-        if cache is not None and r.keep_end and r.keeps_row:
-            self.prefix.store_end(r, cache)  # type: ignore[union-attr]
-
-    def _keep_session(self, r: Request, cache: Any) -> None:
-        """A finished session request leaves its row (which has seen all but its last token) behind."""
+    def _release_row(self, r: Request, cache: Any) -> None:
+        """A finished request's row is out of the batch (``cache``: it, if handed back). If it lives on
+        (``Request.keeps_row``) and has seen exactly ``prompt_ids + out[:-1]`` (a speculative row
+        finished by a stop string has seen more), it becomes an end-of-request prefix snapshot
+        (multi-turn chat: the next turn starts where this one ended) or the session's kept row."""
+        if cache is not None and (
+            not r.keeps_row or int(cache.seq_lens[0]) != len(r.prompt_ids) + len(r.out) - 1
+        ):
+            cache = None
+        if cache is not None and r.keep_end:
+            self.prefix.store.store_end(r, cache)  # type: ignore[union-attr]
         if r.session is not None:
-            self.sessions.keep(r.session, cache if r.finish in ("stop", "length") else None)
+            self.sessions.keep(r.session, cache)

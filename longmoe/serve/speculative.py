@@ -24,7 +24,8 @@ One decode step for a batch whose rows each end in their last token ``t``:
    ``[t, d_1..d_n]`` again to both models. Rows that kept everything need nothing. A row that
    finishes leaves the batch as it is, unless its row lives on (a session's kept row or an
    end-of-request prefix snapshot, ``Request.keeps_row``): it is rolled back to all its tokens but
-   the last, as any row after a step.
+   the last, as any row after a step. (A row finished by a stop string, which only the output side
+   sees, has consumed what the runner accepted: its row then is not kept; ``Scheduler.update``.)
 
 Constrained rows (a grammar, a forced tool call: ``SamplingParams.constraint``): each proposal is
 masked by the constraint in the state it would be read in (the constraint accepts the row's drafts
@@ -40,7 +41,7 @@ change to the layers or operators; ``bench/serve.py`` measures what the replay c
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,9 +50,7 @@ from longmoe.cache import Cache, CacheMark
 from longmoe.model import LongMoE
 from longmoe.serve.request import Request
 from longmoe.serve.sampling import TokenChoice, process_logits, record_choice
-
-# emit(request, choice) -> whether the request wants more tokens (False once it finished)
-Emit = Callable[[Request, TokenChoice], bool]
+from longmoe.serve.step import RowOutput
 
 
 def accept_or_resample(
@@ -137,10 +136,11 @@ class Speculator:
         }
 
     # ------------------------------------------------------------------ one decode step
-    def step(self, reqs: Sequence[Request], cache: Cache, emit: Emit) -> tuple[Cache, list[int]]:
-        """Decode ``reqs`` (the rows of ``cache``, each ending in ``r.out[-1]``); tokens go to ``emit``.
+    def step(self, reqs: Sequence[Request], cache: Cache) -> tuple[Cache, list[int], list[RowOutput]]:
+        """Decode ``reqs`` (the rows of ``cache``, each ending in ``r.out[-1]``).
 
-        Returns the batch cache afterwards and its row order (indices into ``reqs``)."""
+        Returns the batch cache afterwards, its row order (indices into ``reqs``) and each row's
+        tokens (up to ``k + 1``, ending where the row finished: ``Request.stop_reason``)."""
         k, dev = self.k, cache.seq_lens.device
         mark = cache.mark()
         last = torch.tensor([[r.out[-1]] for r in reqs], dtype=torch.long, device=dev)  # [B, 1]
@@ -164,19 +164,21 @@ class Speculator:
             self.target(torch.cat([last, D], dim=1), cache=cache).logits.float()
         )  # [B, k+1, V]
         argmax = target_logits.argmax(-1).tolist()  # [B][k+1]
-        kept = []
+        kept, rows = [], []
         for b, r in enumerate(reqs):
-            before = len(r.out)
-            accepted, judged = self._verify(r, target_logits[b], argmax[b], drafted, b, qs[b], emit)
+            row = RowOutput()
+            accepted, judged = self._verify(r, target_logits[b], argmax[b], drafted, b, qs[b], row)
+            rows.append(row)
             self.stats.accepted += accepted
             self.stats.proposed += judged
             # the row has consumed [t, d_1..d_k]; it must keep [t, new tokens but the last]: a running
-            # row or a kept finished one; any other finished row leaves as it is (no rollback)
-            alive = r.finish is None or r.keeps_row
-            kept.append(len(r.out) - before - 1 if alive else k)
+            # row or a finished one that lives on; any other finished row leaves as it is (no rollback)
+            alive = row.finish is None or r.lives_on
+            kept.append(len(row.choices) - 1 if alive else k)
         self.stats.steps += 1
         self.stats.rows += len(reqs)
-        return self._rollback(reqs, cache, mark, last, D, kept)
+        cache, order = self._rollback(reqs, cache, mark, last, D, kept)
+        return cache, order, rows
 
     def _propose(
         self,
@@ -227,9 +229,9 @@ class Speculator:
         drafted: list[list[int]],
         b: int,
         qs: list[torch.Tensor],
-        emit: Emit,
+        row: RowOutput,
     ) -> tuple[int, int]:
-        """Emit row ``b``'s accepted tokens and the correction (or bonus) until it finishes.
+        """Row ``b``'s accepted tokens and the correction (or bonus) into ``row``, until it finishes.
 
         Returns ``(drafts accepted, drafts judged)``."""
         k = self.k
@@ -249,10 +251,11 @@ class Speculator:
                 else:
                     tok = int(torch.multinomial(torch.softmax(x, dim=-1), 1, generator=st.generator))
                 choice = record_choice(tok, logits[i], st)
-            more = emit(r, choice)
+            row.choices.append(choice)
+            row.finish = r.stop_reason(tok, len(r.out) + len(row.choices))
             if tok != d:
                 return i, min(i + 1, k)
-            if not more:
+            if row.finish is not None:
                 return i + 1, i + 1
         return k, k
 

@@ -1,5 +1,6 @@
 """The scheduler without a model: admission against the budget, FIFO order, cancellation, the step
-plan, batch membership and sessions' kept rows. Caches are stand-ins (the scheduler never looks inside)."""
+plan, batch membership and sessions' kept rows. Caches are stand-ins (the scheduler never looks inside)
+and the runner's ``StepOutput`` is written by hand: a step is ``schedule`` -> (runner) -> ``update``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import pytest
 from longmoe.serve.budget import CacheBudget, CacheSpec
 from longmoe.serve.errors import EngineError
 from longmoe.serve.request import Event, Request
-from longmoe.serve.sampling import SamplingParams
+from longmoe.serve.sampling import SamplingParams, TokenChoice
 from longmoe.serve.scheduler import Scheduler
 from longmoe.serve.session import Session
+from longmoe.serve.step import RowOutput, StepOutput, StepPlan
 
 BLOCK = 16
 SPEC = CacheSpec(fixed=1000, per_token=10)
@@ -43,18 +45,36 @@ def request(n_prompt: int = 32, max_tokens: int = 32, session: Session | None = 
     return Request(rid, list(range(1, n_prompt + 1)), params, EVENTS[rid].append, session=session)
 
 
+def prefill_output(plan: StepPlan) -> StepOutput:
+    """What the runner returns for ``plan``'s prefill chunk: completed prompts get token 7 and join."""
+    out = StepOutput()
+    for r in plan.prefill:
+        out.fed[r.id] = plan.chunk
+        if r.n_fed + plan.chunk == len(r.prompt_ids):
+            out.first[r.id] = RowOutput([TokenChoice(7)])
+            out.joined.append(r.id)
+    return out
+
+
 def run_prefill(s: Scheduler) -> list[Request]:
     """Plan steps and feed their chunks until every admitted prompt is complete; returns the joined."""
     done = []
     while (plan := s.schedule()).prefill:
-        for r in plan.prefill:
-            if s.fed(r, plan.chunk):
-                done.append(r)
-                r.out.append(7)  # the first token (what emit records)
-                s.prefilled(r)
-    change = s.regroup()
-    s.regrouped(change, [FakeCache(len(s.running[i].prompt_ids)) for i in change.rows_kept])
+        out = prefill_output(plan)
+        done += [r for r in plan.prefill if r.id in out.joined]
+        s.update(plan, out)
     return done
+
+
+def decode(s: Scheduler, finish: dict[int, str] | None = None, rows: dict | None = None) -> StepPlan:
+    """One decode step: every running row gets token 7; ``finish``: the runner's finishes by id,
+    ``rows``: the rows it handed back."""
+    plan = s.schedule()
+    out = StepOutput(rows=rows or {})
+    for r in plan.decode:
+        out.decoded[r.id] = RowOutput([TokenChoice(7)], (finish or {}).get(r.id))
+    s.update(plan, out)
+    return plan
 
 
 def test_admission_reserves_whole_life_and_keeps_arrival_order():
@@ -116,7 +136,7 @@ def test_prefilled_requests_join_the_batch_and_decode_next_step():
         s.add(r)
     s.intake()
     assert run_prefill(s) == rs
-    assert s.running == rs and not s.joining
+    assert s.running == rs
     assert all(r.cache is None for r in rs)  # their rows now live in the runner's batch
     assert s.schedule().decode == rs
 
@@ -134,10 +154,9 @@ def test_cancel_frees_waiting_prefilling_and_running_requests():
     assert s.running == [running] and s.prefilling == [prefilling] and list(s.waiting) == [waiting]
     for r in (running, prefilling, waiting):
         s.cancel(r)
-    assert s.intake()  # a running row was cancelled: the batch must be regrouped
-    change = s.regroup()
-    assert change.keep == [] and change.rows_kept == []
-    s.regrouped(change, [])
+    plan = s.schedule()
+    assert plan.leaving == {running.id: False} and plan.decode == []  # leaves first, nothing handed back
+    s.update(plan, StepOutput())
     assert not s.has_work() and s.budget.reserved == {}
     for r in (running, prefilling, waiting):
         assert EVENTS[r.id][-1].done.finish_reason == "cancelled"
@@ -151,12 +170,23 @@ def test_finished_rows_leave_the_batch_in_order():
         s.add(r)
     s.intake()
     run_prefill(s)
-    s.finish(rs[1], "length")
-    change = s.regroup()
-    assert change.keep == [0, 2]
-    s.regrouped(change, [])
-    assert s.running == [rs[0], rs[2]]
-    assert s.regroup().keep is None  # nothing left: the batch stays as it is
+    decode(s, finish={rs[1].id: "length"})  # the runner finished it: its row left in that step
+    assert s.running == [rs[0], rs[2]] and not s.leaving
+    assert EVENTS[rs[1].id][-1].done.finish_reason == "length"
+
+
+def test_rows_finished_by_the_output_side_leave_at_the_next_step():
+    s = scheduler()
+    rs = [request(n_prompt=8), request(n_prompt=8)]
+    for r in rs:
+        s.add(r)
+    s.intake()
+    run_prefill(s)
+    s.finish(rs[0], "stop")  # (as update does when the output processor finds one)
+    s.leaving[rs[0].id] = rs[0].keeps_row
+    plan = decode(s)
+    assert plan.leaving == {rs[0].id: False} and plan.decode == [rs[1]]
+    assert s.running == [rs[1]]
 
 
 def test_session_keeps_its_row_and_the_next_turn_reuses_it():
@@ -167,19 +197,17 @@ def test_session_keeps_its_row_and_the_next_turn_reuses_it():
     assert sess.active
     s.intake()
     run_prefill(s)
-    s.finish(first, "stop")
+    # the runner finishes it at its second token and hands back its row (prompt + first token)
+    decode(s, finish={first.id: "stop_token"}, rows={first.id: FakeCache(25)})
     assert sess.tokens == first.prompt_ids + first.out and not sess.active
-    change = s.regroup()
-    assert change.rows_kept == [0]
-    s.regrouped(change, [FakeCache(24)])
-    assert s.sessions.idle == {sess.id: sess} and sess.cached == 24
-    assert s.budget.reserved == {sess.key: SPEC.bytes_for(24, BLOCK)}  # the row, not the old max_tokens
+    assert s.sessions.idle == {sess.id: sess} and sess.cached == 25
+    assert s.budget.reserved == {sess.key: SPEC.bytes_for(25, BLOCK)}  # the row, not the old max_tokens
     second = request(n_prompt=len(sess.tokens) + 5, session=sess)
     s.add(second)
     s.intake()
     plan = s.schedule()
-    assert second.reused == second.n_fed == 24  # the kept row: only the new tokens are prefilled
-    assert plan.chunk == len(second.prompt_ids) - 24
+    assert second.reused == second.n_fed == 25  # the kept row: only the new tokens are prefilled
+    assert plan.chunk == len(second.prompt_ids) - 25
     assert sess.key not in s.budget.reserved and second.id in s.budget.reserved
 
 
@@ -191,8 +219,7 @@ def test_cancelled_session_turn_drops_the_row():
     s.intake()
     run_prefill(s)
     s.cancel(r)
-    s.intake()
-    change = s.regroup()
-    assert change.rows_kept == []  # a cancelled turn leaves the context unchanged and keeps no row
-    s.regrouped(change, [])
+    plan = s.schedule()
+    assert plan.leaving == {r.id: False}  # a cancelled turn leaves the context unchanged, keeps no row
+    s.update(plan, StepOutput())
     assert not s.sessions.idle and sess.tokens == [] and not sess.active

@@ -14,7 +14,7 @@ from longmoe.model import LongMoE
 from longmoe.serve.compiled import CompiledSteps
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.errors import EngineError
-from longmoe.serve.prefix_cache import PrefixCache
+from longmoe.serve.prefix_store import SnapshotStore
 from longmoe.serve.prompt_images import PromptImages, pixel_digest
 from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.speculative import truncated_draft
@@ -117,7 +117,7 @@ def test_prefix_hashes_and_hits_separate_images(tok):
 
     m = tiny_model()
     spec = CacheSpec.of_cache(m.new_cache(1, torch.device("cpu")))
-    pc = PrefixCache(CacheBudget(spec, 1 << 26, 16), 8, torch.device("cpu"))
+    pc = SnapshotStore(CacheBudget(spec, 1 << 26, 16), 8, torch.device("cpu"))
     ids = list(range(20, 60))
     one, two = ((10, pixel_digest(image(2, 2, s))) for s in (1, 2))
     h0, h1, h2 = pc.hashes(ids), pc.hashes(ids, [one]), pc.hashes(ids, [two])

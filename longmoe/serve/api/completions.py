@@ -1,8 +1,9 @@
 """``POST /v1/completions``: a text or token-id prompt, the legacy completions format.
 
 ``echo`` returns the prompt before the completion, and with ``logprobs`` the log-probability of every
-prompt token given the ones before it (``token_logprobs[0]`` is null), computed by
-``serve.scoring.score_prompt``; ``max_tokens: 0`` then scores without generating. This is what
+prompt token given the ones before it (``token_logprobs[0]`` is null), computed by the engine as part
+of the request (``SamplingParams.prompt_logprobs``: the prompt is prefilled with every position's
+logits, in the engine's own steps); ``max_tokens: 0`` then scores without generating. This is what
 lm-evaluation-harness's ``local-completions`` backend sends for log-likelihood tasks (``echo``,
 ``logprobs: 1``, ``max_tokens: 1``, the prompt as a batch of one token-id list). A batch of several
 prompts is accepted for echo requests only (not streamed), one choice per prompt.
@@ -11,7 +12,6 @@ prompts is accepted for echo requests only (not streamed), one choice per prompt
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -36,9 +36,6 @@ from longmoe.serve.api.state import ServerState, server_state
 from longmoe.serve.errors import EngineError
 from longmoe.serve.request import Completion
 from longmoe.serve.sampling import SamplingParams, TokenConstraint
-from longmoe.serve.scoring import PromptScores, score_prompt
-
-_SCORING = threading.Lock()  # one prompt scored at a time (it runs beside the engine's own steps)
 
 
 def _prompts(req: CompletionRequest) -> list[str | list[int]]:
@@ -86,11 +83,16 @@ def _completion_logprobs(st: ServerState, c: Completion) -> dict | None:
 
 
 def _params(
-    req: CompletionRequest, max_tokens: int, fmt: Callable[[], TokenConstraint] | None = None
+    req: CompletionRequest,
+    max_tokens: int,
+    fmt: Callable[[], TokenConstraint] | None = None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """The sampling parameters; the engine's ``top_logprobs`` is this API's ``logprobs`` in errors."""
     try:
-        return sampling_params(req, max_tokens, req.logprobs is not None, req.logprobs or 0, fmt)
+        return sampling_params(
+            req, max_tokens, req.logprobs is not None, req.logprobs or 0, fmt, prompt_logprobs
+        )
     except APIError as e:
         if e.param != "top_logprobs":
             raise
@@ -115,11 +117,6 @@ async def _generate(request: Request, ids: list[int], params: SamplingParams) ->
     return ev.done
 
 
-def _scored(st: ServerState, ids: list[int], k: int) -> PromptScores:
-    with _SCORING:
-        return score_prompt(st.engine.model, ids, top_k=k)
-
-
 async def _echo(
     request: Request,
     st: ServerState,
@@ -127,29 +124,28 @@ async def _echo(
     head: dict,
     fmt: Callable[[], TokenConstraint] | None,
 ) -> Response:
+    """Each prompt is one engine request that scores it (``prompt_logprobs``) and generates
+    ``max_tokens`` after it; its lengths are checked by the engine, as any request's."""
     if req.stream:
         raise APIError(400, "echo: not supported together with stream", "echo", "unsupported")
-    params = _params(req, max(req.max_tokens, 1), fmt)  # validated as for generation, even with max_tokens 0
+    # scored even without logprobs when nothing is generated: the engine then checks the prompt
+    scored = req.logprobs if req.logprobs is not None or req.max_tokens == 0 else None
+    scored = None if scored is None else scored or 0
+    params = _params(req, req.max_tokens, fmt, scored)
     choices, n_prompt, n_out, n_cached = [], 0, 0, 0
     for index, prompt in enumerate(_prompts(req)):
         try:
             ids = await asyncio.to_thread(st.engine.encode_prompt, prompt)
         except (EngineError, ValueError) as e:
             raise APIError(400, f"prompt: {e}", "prompt", "invalid_value") from None
-        if not ids:
-            raise APIError(400, "prompt: expected at least one token", "prompt", "invalid_value")
-        if len(ids) + req.max_tokens > st.engine.max_context:
-            n, ctx = len(ids), st.engine.max_context
-            msg = f"prompt: {n} tokens + max_tokens {req.max_tokens} exceed the model's context of {ctx}"
-            raise APIError(400, msg, "prompt", "context_length_exceeded")
+        c = await _generate(request, ids, params)
         text = prompt if isinstance(prompt, str) else st.engine.tokenizer.decode(ids)
         lp = None
         if req.logprobs is not None:
-            s = await asyncio.to_thread(_scored, st, ids, req.logprobs)
-            lp = _logprobs(st, ids, s.token_logprobs, s.top_logprobs if req.logprobs else None)
+            assert c.prompt_logprobs is not None
+            lp = _logprobs(st, ids, c.prompt_logprobs, c.prompt_top_logprobs if req.logprobs else None)
         finish, n_prompt = "length", n_prompt + len(ids)
         if req.max_tokens > 0:
-            c = await _generate(request, ids, params)
             text, finish, n_out = text + c.text, c.finish_reason, n_out + c.completion_tokens
             n_cached += c.cached_tokens
             more = _completion_logprobs(st, c)

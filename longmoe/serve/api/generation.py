@@ -56,6 +56,7 @@ def sampling_params(
     logprobs: bool,
     top: int,
     constraint: Callable[[], TokenConstraint] | None = None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     try:
         return SamplingParams(
@@ -73,6 +74,7 @@ def sampling_params(
             top_logprobs=top,
             ignore_eos=req.ignore_eos,
             constraint=constraint,
+            prompt_logprobs=prompt_logprobs,
         )
     except SamplingError as e:
         raise APIError(400, str(e), e.param, "invalid_value") from None

@@ -1,8 +1,11 @@
-"""Prefix reuse: snapshots of token prefixes every ``block_size`` (16) tokens, shared by later requests.
+"""Prefix reuse, the store: snapshots of token prefixes every ``block_size`` (16) tokens.
 
+What to reuse and when to compute it is the admission policy's (``serve/prefix_policy.py``); this
+file only keeps, finds and evicts snapshots, and is the only place that keeps the per-chunk states.
 A recurrent (KDA) state cannot be cut at an arbitrary token, but the chunked prefill computes the
-state after every 16-token chunk anyway: the runner has the cache record them (``Cache.start_taps``),
-so a prefill chunk of any length leaves a state at every block boundary inside it. A snapshot is a
+state after every 16-token chunk anyway: the runner has the cache record them
+(``Cache.record_chunk_states``; ``StepOutput.chunk_states``), so a prefill chunk of any length leaves a
+state at every block boundary inside it. A snapshot is a
 chain node ``[start, end)``: the per-token layers' segment of those tokens (MLA latents, once) and,
 per stored boundary ("point") in ``(start, end]``, only the recurrent layers' states. A hit at point
 ``p`` rebuilds a fresh row from the chain (``Cache.from_segments``, a copy: nothing a request does can
@@ -22,9 +25,6 @@ Memory: snapshot bytes are accounted in the engine's ``CacheBudget`` (``snapshot
 use what running requests have not reserved; least recently used leaves are evicted first, whenever a
 snapshot or a request needs the room (a request never waits for snapshots).
 
-Concurrent requests sharing a prefix (``G`` samples of one task, one system prompt) are scheduled so
-that only the oldest computes it: ``ready`` holds back a request that has not started while an older
-one is still prefilling their common blocks, and asks the older one to stop a chunk at that boundary.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class Snapshot:
     parent: Snapshot | None
     children: int = 0
     marks: tuple[tuple[int, bytes], ...] = ()  # the images starting in [start, end), checked on a hit
-    keys: dict[int, bytes] = field(default_factory=dict)  # point -> its key in PrefixCache.index
+    keys: dict[int, bytes] = field(default_factory=dict)  # point -> its key in SnapshotStore.index
     id: int = field(default_factory=lambda: next(_IDS))
 
     def chain(self) -> list[Snapshot]:
@@ -106,7 +106,7 @@ class PrefixStats:
     evictions: int = 0
 
 
-class PrefixCache:
+class SnapshotStore:
     """Snapshots of token prefixes under the engine's ``CacheBudget`` (see the module docstring)."""
 
     def __init__(
@@ -119,7 +119,6 @@ class PrefixCache:
         self.index: dict[bytes, tuple[Snapshot, int]] = {}  # block hash of a prefix -> (node, point)
         self.tails: dict[bytes, list[Snapshot]] = {}  # block hash at b -> nodes ending in (b, b + bs)
         self.stats = PrefixStats()
-        self.taps = False  # prefill records states inside its calls (``Cache.start_taps``; not compiled)
 
     # ------------------------------------------------------------------ keys
     def hashes(self, ids: Sequence[int], marks: Sequence[tuple[int, bytes]] = ()) -> list[bytes]:
@@ -212,16 +211,16 @@ class PrefixCache:
         hashes: Sequence[bytes],
         cache: Cache,
         marks: Sequence[tuple[int, bytes]] = (),
-        taps: dict[int, list[LayerState | None]] | None = None,
+        states: dict[int, list[LayerState | None]] | None = None,
         final: bool = False,
     ) -> bool:
         """Snapshot the one-row ``cache`` (which has seen ``ids[:n]``) at its reusable positions: the
-        block multiples among ``taps`` (states the prefill recorded inside its last call,
-        ``Cache.take_taps``) and ``n`` itself when block-aligned, or whatever it is when ``final``
+        block multiples among ``states`` (states the prefill recorded inside its last call,
+        ``Cache.take_chunk_states``) and ``n`` itself when block-aligned, or whatever it is when ``final``
         (``ids`` then is exactly the ``n`` tokens a finished request's row has seen)."""
         bs, n = self.block_size, int(cache.seq_lens[0])
         limit = n if final else min(n, self.last_boundary(len(ids)))
-        pts = {p: st for p, st in (taps or {}).items() if p % bs == 0 and 0 < p <= limit}
+        pts = {p: st for p, st in (states or {}).items() if p % bs == 0 and 0 < p <= limit}
         if n <= limit and (final or n % bs == 0):
             pts[n] = [None if st.forgets else st.segment(n, n) for st in cache.layers]
         if not pts:
@@ -356,68 +355,6 @@ class PrefixCache:
         while self.evict_one():
             pass
 
-    # ------------------------------------------------------------------ scheduling
-    def reuse(self, r: Request) -> None:
-        """Start ``r`` from the longest stored prefix of its prompt, if longer than what it has."""
-        n, cache = self.lookup(r.prompt_ids, r.block_hashes, longer_than=r.n_fed, marks=r.image_marks)
-        if cache is not None:
-            r.cache, r.n_fed, r.reused = cache, n, n
-
-    def ready(self, prefilling: Sequence[Request]) -> list[Request]:
-        """The prefilling requests to feed now (oldest first); see the module docstring."""
-        out = []
-        for i, r in enumerate(prefilling):
-            if r.n_fed == r.reused:  # not started: a snapshot may have appeared since admission
-                self.reuse(r)
-                wait = False
-                for o in prefilling[:i]:
-                    s = self.shared(o, r)
-                    if s > r.n_fed and o.n_fed < s:
-                        o.prefix_stops.add(s)
-                        wait = True
-                if wait:
-                    continue
-            out.append(r)
-        return out
-
-    def shared(self, a: Request, b: Request) -> int:
-        """Tokens of ``b``'s reusable prefix that ``a``'s prompt shares, in whole blocks."""
-        n = 0
-        for x, y in zip(a.block_hashes, b.block_hashes, strict=False):
-            if x != y:
-                break
-            n += 1
-        return min(
-            n * self.block_size, self.last_boundary(len(b.prompt_ids)), self.last_boundary(len(a.prompt_ids))
-        )
-
-    def chunk(self, r: Request, n: int) -> int:
-        """How many of ``n`` planned prompt tokens ``r`` should take so its chunk ends where a snapshot
-        is wanted: at a stop another request waits for, at a block edge, and (when prefill records no
-        states inside its calls) at its last block boundary."""
-        start, end = r.n_fed, r.n_fed + n
-        wanted = [*r.prefix_stops, *(() if self.taps else (self.last_boundary(len(r.prompt_ids)),))]
-        stops = [s for s in wanted if start < s < end]
-        if stops:
-            return min(stops) - start
-        if end < len(r.prompt_ids) and end // self.block_size * self.block_size > start:
-            return end // self.block_size * self.block_size - start
-        return n
-
-    def fit(self, group: list[Request], n: int) -> tuple[list[Request], int]:
-        """Keep the rows that go on after this chunk on the block grid (their chunked scans then pass
-        block boundaries, where ``Cache.start_taps`` records states): a chunk of ``n`` tokens that is
-        not a block multiple is shortened to one, or (shorter than a block) fed only to the rows it
-        completes."""
-        bs = self.block_size
-        cont = [r for r in group if r.block_hashes and len(r.prompt_ids) - r.n_fed > n]
-        if n % bs == 0 or not cont:
-            return group, n
-        if n >= bs:
-            return group, n - n % bs
-        done = [r for r in group if r not in cont]
-        return (done, n) if done else (group, n)
-
     def report(self) -> dict[str, int]:
         s = self.stats
         return {
@@ -430,8 +367,8 @@ class PrefixCache:
             "prefix_snapshot_bytes": self.budget.snapshot_bytes,
         }
 
-    def count(self, r: Request) -> None:
-        """Record a request that finished prefill (``r.reused`` prompt tokens came from a snapshot)."""
+    def count(self, reused: int) -> None:
+        """Record a request that finished prefill (``reused`` prompt tokens came from a snapshot)."""
         self.stats.lookups += 1
-        self.stats.hits += r.reused > 0
-        self.stats.tokens_reused += r.reused
+        self.stats.hits += reused > 0
+        self.stats.tokens_reused += reused
