@@ -21,9 +21,10 @@ class EngineConfig:
     block_size: int = 16  # tokens per accounting block of MLA latents
     max_waiting: int = 1024  # queued requests beyond which submissions are refused
     add_bos: bool = True  # text prompts start with <|bos|>, as training documents do
-    device: str = "cpu"
-    # prompt + completion limit in tokens; None = the model's max_seq_len. Larger values are allowed
-    # on purpose: NoPE + KDA have no positional limit, and extrapolation tests run past the window.
+    device: str = "cpu"  # torch device to run on ("cpu", "cuda", "cuda:1", ...)
+    # tokens a request may hold, prompt + completion; longer prompts are refused with an error. None:
+    # the model's max_seq_len. Larger values are allowed on purpose: NoPE + KDA have no positional
+    # limit (e.g. 1048576 for a 1M window), and extrapolation tests run past the window.
     max_context: int | None = None
     quantize: str | None = None  # "int8" | "int4": weight-only, applied to the model at construction
     quantize_head: bool = False  # with quantize: pack the LM head too (kept in float by default)

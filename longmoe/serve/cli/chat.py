@@ -26,8 +26,8 @@ from typing import Any
 
 from longmoe.data.chat import TOOL_CALL, parse_assistant
 from longmoe.layers.vision import Patches
-from longmoe.serve.cli_generate import add_engine_arguments, add_sampling_arguments, engine_from_args
-from longmoe.serve.cli_generate import params_from_args as _params
+from longmoe.serve.cli.options import add_engine_arguments, add_sampling_arguments, engine_from_args
+from longmoe.serve.cli.options import params_from_args as _params
 from longmoe.serve.engine import Engine
 from longmoe.serve.errors import EngineError
 from longmoe.serve.images import ImageInputError, file_patches

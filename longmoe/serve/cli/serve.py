@@ -27,7 +27,7 @@ from longmoe.serve.api.app import DEFAULT_MAX_CONNECTIONS
 from longmoe.serve.api.lifecycle import Lifecycle, wait_drained
 from longmoe.serve.api.security import KeyRing
 from longmoe.serve.api.state import DEFAULT_BODY_TIMEOUT_S, LOCAL_HOSTS
-from longmoe.serve.cli_generate import add_engine_arguments, engine_from_args
+from longmoe.serve.cli.options import add_engine_arguments, engine_from_args
 from longmoe.serve.compiled import announce
 from longmoe.serve.engine import Engine
 from longmoe.serve.files.service import FileQuota
