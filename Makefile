@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test test-all lint format bench bench-cpu demo image clean
+.PHONY: venv test test-unit test-all lint format bench bench-cpu demo image clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,11 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format longmoe tests bench
 	$(BIN)/ruff check --fix longmoe tests bench
+
+# the test tiers (tests/README.md): unit (no process, server or browser), + integration = test (CI),
+# + slow = test-all
+test-unit: lint
+	$(BIN)/pytest -q -m 'not slow and not integration'
 
 test: lint
 	$(BIN)/pytest -q

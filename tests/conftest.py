@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from longmoe.data.tokenizer import Tokenizer
+from longmoe.model import LongMoE
+from longmoe.serve.engine import Engine, EngineConfig
 from tests.helpers.models import VOCAB, tiny_model, tiny_vision_model
+from tests.helpers.tiers import is_integration, missing_wall
 from tests.helpers.tokenizer import tokenizer_for_tests
 
 
@@ -26,6 +30,27 @@ def model_dir(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.fixture(scope="module")
+def make_engine(model_dir, tok) -> Iterator[Callable[..., Engine]]:
+    """The one engine factory: engines for a test module, closed when it ends.
+    ``make_engine(**fields)``: the tiny model saved in ``model_dir`` (``Engine.from_dir``, so
+    ``draft_model`` works too); ``make_engine(model, draft=None, **fields)``: a model in memory with
+    the shared tokenizer. ``fields`` are ``EngineConfig``'s."""
+    made: list[Engine] = []
+
+    def make(model: LongMoE | None = None, draft: LongMoE | None = None, **fields) -> Engine:
+        if model is None and draft is None:
+            e = Engine.from_dir(model_dir, **fields)
+        else:
+            e = Engine(model if model is not None else tiny_model(), tok, EngineConfig(**fields), draft=draft)
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.close()
+
+
 @pytest.fixture(scope="session")
 def vision_dir(tmp_path_factory) -> Path:
     """``tiny_vision_model()`` (``models.VISION`` encoder) saved with its tokenizer."""
@@ -33,3 +58,16 @@ def vision_dir(tmp_path_factory) -> Path:
     tiny_vision_model().save_pretrained(d)
     tokenizer_for_tests(VOCAB).save(d)
     return d
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The tiers by rule (``tests/helpers/tiers.py``): integration tests get the ``integration``
+    marker (``make test-unit`` deselects them); a slow test must state its wall time."""
+    bad = []
+    for item in items:
+        if is_integration(item):
+            item.add_marker(pytest.mark.integration)
+        if missing_wall(item):
+            bad.append(item.nodeid)
+    if bad:
+        raise pytest.UsageError(f'@pytest.mark.slow needs wall="<measured time>": {", ".join(bad[:5])}')

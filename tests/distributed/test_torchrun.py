@@ -54,7 +54,7 @@ def test_torchrun_layout_must_fit_the_world(tmp_path, cfg_dir):
     assert "--dp-shard 3" in r.stderr and "world size is 2" in r.stderr
 
 
-@pytest.mark.slow  # two launches: ~40 s on 2 shared cores
+@pytest.mark.slow(wall="~40 s on 2 shared cores (two launches)")
 def test_sigkill_in_sharded_save_keeps_previous_checkpoint(tmp_path, cfg_dir):
     run = tmp_path / "run"
     r = torchrun(run, cfg_dir, "--max-steps", "4", "--ckpt-every", "2", fault="kill-in-save:4")

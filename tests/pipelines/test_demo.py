@@ -118,7 +118,7 @@ def test_recall_part_runs_small_and_resumes(tmp_path):
         DemoConfig(recall_pairs=0)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(wall="not measured; the whole demo pipeline")
 def test_demo_end_to_end(tmp_path):
     assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--scale", "0.02", "--no-progress"]) == 0
     rep = json.loads((tmp_path / "demo/report.json").read_text())

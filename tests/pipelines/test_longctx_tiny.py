@@ -104,7 +104,7 @@ def test_pattern_command_carries_the_overrides(tmp_path):
     assert "--window" not in cmd and "--jobs" not in cmd and "--skip-eval" not in cmd
 
 
-@pytest.mark.slow
+@pytest.mark.slow(wall="not measured; the whole recipe")
 def test_recipe_end_to_end_in_parallel(tmp_path):
     """The whole recipe at toy size with --jobs 2: both patterns trained, evaluated and compared."""
     cfg = dict(

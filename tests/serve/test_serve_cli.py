@@ -16,14 +16,12 @@ import httpx
 import pytest
 
 from longmoe.cli import build_parser, main
-from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir):
-    with Engine.from_dir(model_dir) as e:
-        yield e
+def engine(make_engine):
+    return make_engine()
 
 
 def test_generate_streams_greedy_output(model_dir, engine, capsys):

@@ -127,7 +127,7 @@ def test_background_warmup_serves_eagerly_then_compiled():
     e.close()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(wall="not measured; an inductor compile, minutes on 2 cores")
 def test_inductor_decode_tokens_identical():
     """The real path as ``--compile`` runs it (inductor's C++ build in a background warm-up, on-disk
     cache in ``cache_dir()``): eager's greedy tokens while it compiles and after. Slow: 51-204 s with an

@@ -21,9 +21,8 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir):
-    with Engine.from_dir(model_dir, prefill_chunk=8) as e:
-        yield e
+def engine(make_engine):
+    return make_engine(prefill_chunk=8)
 
 
 def argmax_loop(model, ids: list[int], n: int) -> list[int]:

@@ -100,7 +100,7 @@ def test_compiled_tokens_identical_and_recompiles_bounded():
     assert _graphs() == n_graphs, "a shape seen before was compiled again"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(wall="not measured; an inductor compile, minutes on 2 cores")
 def test_compiled_inductor_tokens_identical():
     """The real thing (inductor, C++ kernels) on the full run: identical greedy tokens (the fast check
     is tests/serve/test_serve_compiled.py)."""
@@ -110,7 +110,7 @@ def test_compiled_inductor_tokens_identical():
     assert e.compiled is not None and e.compiled.compile_seconds > 0
 
 
-@pytest.mark.slow
+@pytest.mark.slow(wall="not measured")
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_compiled_quantized_tokens_identical(mode):
     """--compile with --quantize: the quantized experts run eagerly between compiled pieces (their

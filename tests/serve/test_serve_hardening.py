@@ -32,9 +32,8 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir):
-    with Engine.from_dir(model_dir) as e:
-        yield e
+def engine(make_engine):
+    return make_engine()
 
 
 @pytest.fixture

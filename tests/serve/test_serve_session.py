@@ -23,9 +23,8 @@ def ids(n: int, seed: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def fresh(model_dir):
-    with Engine.from_dir(model_dir, prefill_chunk=16, prefix_cache=False) as e:
-        yield e
+def fresh(make_engine):
+    return make_engine(prefill_chunk=16, prefix_cache=False)
 
 
 def run_episode(e: Engine, fresh: Engine, seed: int, turns: int, params: SamplingParams) -> None:

@@ -101,7 +101,13 @@ def cell_id(c: dict) -> str:
 
 
 CASES = [pytest.param(c, id=cell_id(c)) for c in DEFAULT] + [
-    pytest.param(c, id=cell_id(c), marks=pytest.mark.slow) for c in ALL if c not in DEFAULT
+    pytest.param(
+        c,
+        id=cell_id(c),
+        marks=pytest.mark.slow(wall="not measured; each cell about as long as a default one"),
+    )
+    for c in ALL
+    if c not in DEFAULT
 ]
 
 

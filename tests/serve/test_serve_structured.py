@@ -11,11 +11,9 @@ import pytest
 import torch
 
 from bench.structured import structured_rows
-from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.structured import JsonFormat, JsonGrammars, StructuredOutputError, token_bytes
-from tests.helpers.models import VOCAB, tiny_model
-from tests.helpers.tokenizer import tokenizer_for_tests
+from tests.helpers.models import tiny_model
 
 PERSON = {
     "type": "object",
@@ -115,10 +113,8 @@ def validate(doc: object, schema: dict, path: str = "$") -> None:
 
 
 @pytest.fixture(scope="module")
-def engine():
-    e = Engine(tiny_model(), tokenizer_for_tests(VOCAB), EngineConfig(max_batch=64))
-    yield e
-    e.close()
+def engine(make_engine):
+    return make_engine(tiny_model(), max_batch=64)
 
 
 @pytest.fixture(scope="module")

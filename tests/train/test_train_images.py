@@ -77,7 +77,7 @@ def test_trains_on_image_documents_and_resumes_exactly(tmp_path, monkeypatch, to
     assert losses(tmp_path / "full") == losses(tmp_path / "cut")  # bit-identical, val losses too
 
 
-@pytest.mark.slow
+@pytest.mark.slow(wall="not measured")
 def test_training_reads_the_pixels(tmp_path, monkeypatch, tok):
     """The whole path (JSONL -> packing -> encoder -> image_embeds -> loss) carries what is in the image:
     after 150 steps on "Picture: <image> The box is <colour>." (six colours drawn at random, so the text

@@ -1,0 +1,77 @@
+"""The test tiers, decided by rule (tests/README.md, "Tiers"): a test is **integration** when it, a
+fixture it uses, or a function of its module it calls reaches a name that starts another process, a
+server or a browser (``INTEGRATION_NAMES``); **slow** when marked ``@pytest.mark.slow(wall=...)``;
+**unit** otherwise. The rule reads the code (names in the compiled functions), so a new test is
+placed without anyone marking it."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Iterable
+
+import pytest
+
+# what starts a process (subprocess, multiprocessing, gloo ranks), a server (uvicorn, also in a thread)
+# or a browser (Playwright's chromium)
+INTEGRATION_NAMES = frozenset(
+    {
+        "subprocess",
+        "Popen",
+        "multiprocessing",
+        "run_ranks",  # tests/helpers/launch.py
+        "serving",  # tests/helpers/server.py
+        "served",
+        "serve_in_thread",
+        "uvicorn",
+        "sync_playwright",
+        "playwright",
+    }
+)
+DEPTH = 4  # how far calls into the test module's own functions are followed
+
+
+def _codes(code: types.CodeType) -> Iterable[types.CodeType]:
+    yield code
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _codes(c)
+
+
+def reaches(fn: Callable, depth: int = DEPTH, seen: set | None = None) -> bool:
+    """Whether ``fn`` (or a function of its own module it names, ``depth`` calls deep) names one of
+    ``INTEGRATION_NAMES``."""
+    fn = getattr(fn, "__wrapped__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    seen = set() if seen is None else seen
+    if code in seen:
+        return False
+    seen.add(code)
+    names = {n for c in _codes(code) for n in c.co_names}
+    if names & INTEGRATION_NAMES:
+        return True
+    if depth == 0:
+        return False
+    g = getattr(fn, "__globals__", {})
+    for n in names:
+        f = g.get(n)
+        same_module = getattr(f, "__module__", None) == fn.__module__
+        if isinstance(f, types.FunctionType) and same_module and reaches(f, depth - 1, seen):
+            return True
+    return False
+
+
+def is_integration(item: pytest.Item) -> bool:
+    """A collected test's tier by the rule (its function and every fixture it uses)."""
+    fns = [getattr(item, "obj", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    if info is not None:
+        fns += [d.func for defs in info.name2fixturedefs.values() for d in defs]
+    return any(f is not None and reaches(f) for f in fns)
+
+
+def missing_wall(item: pytest.Item) -> bool:
+    """A slow test that does not state its wall time (``@pytest.mark.slow(wall="~40 s ...")``)."""
+    m = item.get_closest_marker("slow")
+    return m is not None and not m.kwargs.get("wall")

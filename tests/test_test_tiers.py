@@ -1,0 +1,67 @@
+"""The tier rule (tests/helpers/tiers.py) places tests by what their code reaches: a process, a
+server or a browser makes a test integration, directly, through a helper of its module, or through a
+fixture; anything else is unit. A slow test must state its wall time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.server import serving
+from tests.helpers.tiers import is_integration, missing_wall, reaches
+
+
+def _starts_a_process() -> None:
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+
+def _calls_a_helper_that_starts_one() -> None:
+    _starts_a_process()
+
+
+def _serves(app) -> None:
+    with serving(app):
+        pass
+
+
+def _pure() -> int:
+    return sum(range(3))
+
+
+def test_processes_servers_and_helpers_reaching_them_are_integration():
+    assert reaches(_starts_a_process)
+    assert reaches(_calls_a_helper_that_starts_one)  # one call deep, through the module's own helper
+    assert reaches(_serves)
+    assert reaches(lambda: _serves(None))  # nested code objects are read too
+    assert not reaches(_pure)
+
+
+class _Item:
+    """What the rule reads of a collected test: its function, the fixtures' functions, its markers."""
+
+    def __init__(self, obj, fixtures=(), slow: dict | None = None) -> None:
+        self.obj = obj
+        defs = {f.__name__: [type("Def", (), {"func": f})()] for f in fixtures}
+        self._fixtureinfo = type("Info", (), {"name2fixturedefs": defs})()
+        self._slow = None if slow is None else pytest.mark.slow(**slow).mark
+
+    def get_closest_marker(self, name: str):
+        return self._slow if name == "slow" else None
+
+
+def test_a_fixture_that_serves_makes_its_tests_integration():
+    assert is_integration(_Item(_pure, fixtures=[_serves]))
+    assert not is_integration(_Item(_pure, fixtures=[_pure]))
+
+
+def test_slow_tests_state_their_wall_time():
+    assert missing_wall(_Item(_pure, slow={}))
+    assert not missing_wall(_Item(_pure, slow={"wall": "~40 s on 2 shared cores"}))
+    assert not missing_wall(_Item(_pure))
+
+
+def test_this_module_is_placed_by_the_rule(request):
+    # it imports subprocess and serving but this test reaches neither: unit
+    assert request.node.get_closest_marker("integration") is None
