@@ -347,6 +347,8 @@ class Scheduler:
                 self.finish(r, reason, error=error)
         self.waiting.clear()
         self.prefilling, self.running, self.leaving = [], [], {}
+        if self.prefix is not None:
+            self.prefix.stops.clear()
 
     def _release_row(self, r: Request, cache: Any) -> None:
         """A finished request's row is out of the batch (``cache``: it, if handed back). If it lives on

@@ -85,6 +85,16 @@ def test_echo_of_a_text_prompt_and_a_batch(server):
     assert out["choices"][0]["logprobs"]["tokens"][0] == "<|bos|>"
     assert len(out["choices"][0]["logprobs"]["token_logprobs"]) == len(ids)
     assert out["choices"][0]["logprobs"]["top_logprobs"] is None  # logprobs: 0 asks for no alternatives
+    plain = _post(c, {"prompt": "x = 1", "echo": True, "max_tokens": 0})  # no logprobs: the text only
+    assert plain["choices"][0]["text"] == "x = 1" and plain["choices"][0]["logprobs"] is None
+
+
+def test_scoring_runs_in_the_engine_steps(server):
+    """The echo path submits one engine request (no model call beside the engine's steps)."""
+    engine, c = server
+    before = engine.stats()["requests"]
+    _post(c, {"prompt": "x = 1", "echo": True, "logprobs": 1, "max_tokens": 2})
+    assert engine.stats()["requests"] == before + 1  # scored and generated as one request
 
 
 @pytest.mark.parametrize(

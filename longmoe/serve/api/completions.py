@@ -129,8 +129,7 @@ async def _echo(
     if req.stream:
         raise APIError(400, "echo: not supported together with stream", "echo", "unsupported")
     # scored even without logprobs when nothing is generated: the engine then checks the prompt
-    scored = req.logprobs if req.logprobs is not None or req.max_tokens == 0 else None
-    scored = None if scored is None else scored or 0
+    scored = (req.logprobs or 0) if req.logprobs is not None or req.max_tokens == 0 else None
     params = _params(req, req.max_tokens, fmt, scored)
     choices, n_prompt, n_out, n_cached = [], 0, 0, 0
     for index, prompt in enumerate(_prompts(req)):
