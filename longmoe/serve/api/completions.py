@@ -88,17 +88,16 @@ def _params(
     fmt: Callable[[], TokenConstraint] | None = None,
     prompt_logprobs: int | None = None,
 ) -> SamplingParams:
-    """The sampling parameters; the engine's ``top_logprobs`` is this API's ``logprobs`` in errors."""
+    """The sampling parameters; the engine's ``top_logprobs`` and ``prompt_logprobs`` are this API's
+    ``logprobs`` in errors."""
     try:
         return sampling_params(
             req, max_tokens, req.logprobs is not None, req.logprobs or 0, fmt, prompt_logprobs
         )
     except APIError as e:
-        if e.param != "top_logprobs":
+        if e.param not in ("top_logprobs", "prompt_logprobs"):
             raise
-        raise APIError(
-            e.status, e.message.replace("top_logprobs", "logprobs", 1), "logprobs", e.code
-        ) from None
+        raise APIError(e.status, e.message.replace(e.param, "logprobs", 1), "logprobs", e.code) from None
 
 
 async def _generate(request: Request, ids: list[int], params: SamplingParams) -> Completion:
