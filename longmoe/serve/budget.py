@@ -9,7 +9,7 @@ and nothing needs preempting; a request that cannot fit even alone is rejected, 
 now waits. Physically the latents live in the ``Cache`` tensors (grown by capacity buckets); the blocks are
 the unit of accounting, and ``Cache.nbytes()`` reports what is actually live.
 
-Prefix-reuse snapshots (``serve/prefix_cache.py``) live in the same budget as ``snapshot_bytes``: they
+Prefix-reuse snapshots (``serve/prefix_store.py``) live in the same budget as ``snapshot_bytes``: they
 only use what requests have not reserved, and are evicted before a request would wait.
 """
 
@@ -69,7 +69,7 @@ class CacheBudget:
             raise ValueError(f"block_size: expected an integer >= 1, got {block_size}")
         self.spec, self.budget, self.block_size = spec, int(budget_bytes), block_size
         self.reserved: dict[Hashable, int] = {}  # request id (or a session's key) -> bytes
-        self.snapshot_bytes = 0  # prefix-reuse snapshots (evictable; owned by the PrefixCache)
+        self.snapshot_bytes = 0  # prefix-reuse snapshots (evictable; owned by the SnapshotStore)
 
     @property
     def reserved_bytes(self) -> int:

@@ -80,7 +80,7 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)  # prefix reuse: chained hash per block
     reused: int = 0  # prompt tokens restored from a prefix snapshot or a session's kept row
     session: Session | None = None  # keeps its cache row when the request finishes
-    keep_end: bool = False  # its finished row becomes a prefix snapshot (``PrefixCache.store_end``)
+    keep_end: bool = False  # its finished row becomes a prefix snapshot (``SnapshotStore.store_end``)
     images: RequestImages | None = None  # the prompt's images (serve/prompt_images.py)
     salt: bytes | None = None  # prefix reuse only among requests of the same salt (``Engine.submit``)
     out: list[int] = field(default_factory=list)

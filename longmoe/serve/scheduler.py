@@ -2,7 +2,7 @@
 
 As vLLM's scheduler, bookkeeping only (no tensors, no forward pass: ``serve/runner.py`` does those),
 so it is tested without a model. Caches pass through it as opaque objects (a fresh one from
-``new_cache``, a session's kept row from ``Sessions``, a prefix snapshot from ``PrefixCache``).
+``new_cache``, a session's kept row from ``Sessions``, a prefix snapshot from the ``SnapshotStore``).
 
 A step goes one way (``serve/step.py``): ``schedule()`` plans it, the runner executes the plan,
 ``update(plan, output)`` records each token through the output processor (``serve/output.py``: text,

@@ -8,7 +8,7 @@ a latent MLA cache the row is small, and a turn costs O(new tokens) instead of O
 
 Why keep the row rather than snapshot it into the prefix cache at the end of generation and let the
 resubmitted trajectory hit it: the prefix cache also keeps each finished request's end
-(``PrefixCache.store_end``), but a resubmitted trajectory would hash and token-verify the whole
+(``SnapshotStore.store_end``), but a resubmitted trajectory would hash and token-verify the whole
 trajectory and rebuild the row from all its segments (an O(trajectory) copy), and a snapshot may be
 evicted. A kept
 row is exact (no block rounding), costs one row copy when it leaves and rejoins the batch, and is
