@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.helpers.server import serving
-from tests.helpers.tiers import is_integration, missing_wall, reaches
+from tests.helpers.tiers import SLOW_WITHOUT_WALL, is_integration, missing_wall, reaches
 
 
 def _starts_a_process() -> None:
@@ -65,3 +65,8 @@ def test_slow_tests_state_their_wall_time():
 def test_this_module_is_placed_by_the_rule(request):
     # it imports subprocess and serving but this test reaches neither: unit
     assert request.node.get_closest_marker("integration") is None
+
+
+def test_every_collected_slow_test_states_its_wall_time(request):
+    bad = request.config.stash.get(SLOW_WITHOUT_WALL, [])
+    assert not bad, f'@pytest.mark.slow needs wall="<measured time>": {bad}'

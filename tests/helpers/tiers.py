@@ -28,6 +28,7 @@ INTEGRATION_NAMES = frozenset(
     }
 )
 DEPTH = 4  # how far calls into the test module's own functions are followed
+SLOW_WITHOUT_WALL = pytest.StashKey[list[str]]()  # set at collection by tests/conftest.py
 
 
 def _codes(code: types.CodeType) -> Iterable[types.CodeType]:

@@ -118,7 +118,7 @@ with Engine(model, tokenizer_for_tests(), cfg) as engine:
 """
 
 
-@pytest.mark.slow
+@pytest.mark.slow(wall="~1 CPU-minute (as its docstring says; not re-measured)")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_a_64k_prompt_runs_through_the_engine_in_bounded_memory():
     """A 65,536-token prompt through ``Engine`` (4,096-token chunks): it completes, and the process's
