@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/longmoe:test"
 podman = shutil.which("podman")
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.slow(wall="not measured (a podman image build)"),
     pytest.mark.skipif(podman is None, reason="podman not installed (apt-get install podman buildah runc)"),
 ]
 ENV = {**os.environ, "CONTAINERS_CONF": str(ROOT / "deploy" / "containers.conf")}

@@ -55,7 +55,7 @@ def _until(what: str, fn, timeout: float = WAIT_S):
         time.sleep(0.5)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(wall="not measured (a live Prometheus beside longmoe serve)")
 def test_prometheus_scrapes_a_live_server_and_answers_a_ttft_quantile(model_dir, tmp_path):
     with serve_process(model_dir, "--model-name", "m") as sp:
         port = free_port()

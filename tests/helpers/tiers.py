@@ -22,6 +22,7 @@ INTEGRATION_NAMES = frozenset(
         "serving",  # tests/helpers/server.py
         "served",
         "serve_in_thread",
+        "serve_process",  # tests/helpers/serve_proc.py: `longmoe serve` as a process
         "uvicorn",
         "sync_playwright",
         "playwright",

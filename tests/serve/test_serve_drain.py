@@ -130,7 +130,7 @@ def test_sigterm_drains_streams_in_flight_and_exits_0(model_dir):
         assert '"event": "drained"' in log and '"in_flight_at_sigterm": 3' in log
 
 
-@pytest.mark.slow
+@pytest.mark.slow(wall="not measured (a served process and a drain)")
 def test_streams_past_the_drain_timeout_end_with_a_retryable_error(model_dir):
     with serve_process(model_dir, "--model-name", "m", "--drain-timeout", "0.5") as sp:
         out: dict = {}

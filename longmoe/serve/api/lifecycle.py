@@ -5,7 +5,7 @@ background warm-up has not produced its first graph (requests would run eagerly 
 the moment a drain starts (SIGTERM in ``longmoe serve``). While draining, ``DrainGate`` answers every
 new generation or tokenizer request with 503 and ``Retry-After`` (a load balancer or client retries it
 on another replica), while requests already admitted run to their end; the CLI then exits 0
-(serve/cli_serve.py). Before the model has loaded the port is not open at all, which every probe reads
+(serve/cli/serve.py). Before the model has loaded the port is not open at all, which every probe reads
 as not ready.
 """
 
