@@ -55,7 +55,7 @@ def test_expert_forced_env_plays_the_expert_whatever_the_turn() -> None:
     assert env.state_key() == "sql:4:3"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(wall="not measured (a 32-turn episode through the engine)")
 def test_horizon_32_through_the_engine_with_sessions(engine_parts) -> None:
     cfg = RolloutConfig(group_size=1, max_turn_tokens=8, max_episode_tokens=CTX - 1, seed=3)
     with torch.inference_mode():
@@ -78,7 +78,7 @@ def test_horizon_32_through_the_engine_with_sessions(engine_parts) -> None:
     assert stats["session_turns"] >= H
 
 
-@pytest.mark.slow
+@pytest.mark.slow(wall="not measured (33 requests through the HTTP server)")
 def test_horizon_32_through_the_http_server_with_tools(engine_parts) -> None:
     """33 function-calling requests of a growing conversation with tool messages: the server
     answers every one; the conversation's prompt grows by each observation."""
