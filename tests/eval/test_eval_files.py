@@ -25,7 +25,9 @@ def server(model_dir, tmp_path_factory):
     engine.close()
 
 
-@pytest.mark.parametrize("as_files", [pytest.param("text", marks=pytest.mark.slow), "pdf"])
+@pytest.mark.parametrize(
+    "as_files", [pytest.param("text", marks=pytest.mark.slow(wall="not measured")), "pdf"]
+)
 def test_longctx_items_asked_about_uploaded_files(server, tok, tmp_path, as_files):
     url, root = server
     grid = runner.build_grid(["multihop", "conflict"], [512], [0.5], 1, seed=0, tokenizer=tok)

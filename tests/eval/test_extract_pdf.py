@@ -36,7 +36,7 @@ def test_pdf_part_holds_the_page_and_renders_back_to_it():
     assert diff / (w * h) < 24  # the same page: grey levels within ~10% on average after resampling
 
 
-@pytest.mark.slow
+@pytest.mark.slow(wall="not measured")
 def test_vision_server_reads_a_pdf_page(vision_dir):
     engine = Engine.from_dir(vision_dir)
     try:

@@ -37,7 +37,7 @@ KEY = "fuzz-key-0001"
 MAX_FILE = 64 << 10
 
 pytest.importorskip("pypdf")
-pytestmark = pytest.mark.slow  # about a minute on 2 cores: `make test-all`
+pytestmark = pytest.mark.slow(wall="about a minute on 2 cores")
 
 
 @pytest.fixture(scope="module")

@@ -73,7 +73,7 @@ def test_attach_pdf_ask_twice_and_see_the_cached_share(server, page, tmp_path):
     assert page.errors == []
 
 
-@pytest.mark.slow
+@pytest.mark.slow(wall="not measured")
 def test_drop_a_file_on_the_page_and_a_refused_one_says_why(server, page):
     page.goto(server)
     page.fill("#key", KEY)
