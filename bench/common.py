@@ -21,6 +21,7 @@ import torch
 from bench.tables import table_sha256, write_all
 from longmoe.data.corpus import stdlib_documents
 from longmoe.data.tokenizer import Tokenizer
+from longmoe.provenance import DirtyTreeError, require_clean
 from longmoe.provenance import provenance as shared_provenance
 from longmoe.runtime import retain_freed_memory
 
@@ -29,6 +30,24 @@ MALLOC_TUNED = retain_freed_memory()  # every benchmark, both peers: see longmoe
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 STARTED = time.perf_counter()  # a benchmark imports this module first: wall time counts from here
+
+# ``--allow-dirty`` is every benchmark's option, taken here before the script's own parser sees argv: a
+# result from uncommitted code is refused (at the start, before hours of measuring, and again when written)
+ALLOW_DIRTY = "--allow-dirty" in sys.argv
+if ALLOW_DIRTY:
+    sys.argv.remove("--allow-dirty")
+
+
+def _running_a_benchmark() -> bool:
+    return bool(sys.argv and sys.argv[0]) and Path(sys.argv[0]).resolve().parent == Path(__file__).parent
+
+
+START_COMMIT: str | None = None
+if _running_a_benchmark():
+    try:
+        START_COMMIT = require_clean(ALLOW_DIRTY, ROOT)
+    except DirtyTreeError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 @functools.lru_cache(maxsize=4)
@@ -89,8 +108,17 @@ def _program() -> str:
 
 
 def provenance() -> dict:
-    """Where a result came from: what ``longmoe report`` prints beside each number (longmoe/reportcard.py)."""
-    return shared_provenance(" ".join([_program(), *sys.argv[1:]]), STARTED)
+    """Where a result came from: what ``longmoe report`` prints beside each number (longmoe/reportcard.py).
+
+    The commit is the one checked when the benchmark started (the run's own table writes dirty the tree
+    after that); a caller that is not a benchmark script is checked now. Either refuses
+    (``DirtyTreeError``) a dirty tree unless ``--allow-dirty`` was given."""
+    commit = START_COMMIT or require_clean(ALLOW_DIRTY, ROOT)
+    command = " ".join([_program(), *sys.argv[1:], *(["--allow-dirty"] if ALLOW_DIRTY else [])])
+    out = shared_provenance(command, STARTED, commit)
+    if ALLOW_DIRTY:
+        out["allow_dirty"] = True
+    return out
 
 
 def markdown_table(header: list[str], rows: list[list[object]]) -> str:
@@ -112,15 +140,21 @@ def write_results(name: str, payload: dict, table_md: str, *, update_readme: boo
     there and the README's headline table from the result files (``update_readme=False``: results only).
     """
     RESULTS.mkdir(parents=True, exist_ok=True)
+    try:
+        prov = provenance()
+    except DirtyTreeError as e:
+        raise SystemExit(f"error: {e}") from None
     payload = {
         "benchmark": name,
         "machine": machine_info(),
-        "provenance": provenance(),
+        "provenance": prov,
         "table_sha256": table_sha256(table_md),
         **payload,
     }
     out = RESULTS / f"{name}.json"
-    out.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp = out.with_suffix(".json.tmp")  # atomic: a killed run leaves the previous result whole
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(out)
     (RESULTS / f"{name}.md").write_text(table_md + "\n")
     if update_readme:
         write_all(ROOT, add_bench=name)

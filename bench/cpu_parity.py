@@ -80,7 +80,7 @@ def build(workdir: Path, name: str) -> dict[str, Path]:
 
         logging.getLogger("transformers").setLevel(logging.ERROR)
         shutil.rmtree(d, ignore_errors=True)
-        cfg = cpu_peer.kimi_shapes(quick=True)
+        cfg = cpu_peer.kimi_shapes("quick")
         if cfg_edit is not None:
             cfg_edit(cfg)
         torch.manual_seed(0)
@@ -267,7 +267,7 @@ def run_variant(workdir: Path, name: str, ids: list[int], margin: float) -> dict
     paths = build(workdir, name)
     hf = hf_forward(paths["hf"], ids)
     ref, ref_eps = hf["logits"], hf["llama_eps"]["logits"]
-    k = cpu_peer.kimi_shapes(quick=True)["num_experts_per_tok"]
+    k = cpu_peer.kimi_shapes("quick")["num_experts_per_tok"]
     probe = ("ffn_moe_argsort-", "kda_out-", "mla_out-") if name == "base" else ()
     f16 = llama_forward(paths["f32"], ids, GGML_F16, probe)
     f32 = llama_forward(paths["f32"], ids, GGML_F32)
