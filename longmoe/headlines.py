@@ -2,6 +2,13 @@
 the README's headline table print, each beside the baseline it is read against and the noise the run
 recorded. One function per section reads that section's JSON layout; ``readme=True`` marks the few
 numbers the README shows.
+
+The headline rules (docs/benchmarks.md, "Headline rules"), enforced by ``violations`` for every README
+headline: it names the model and its size (``model``); it is a pre-registered cell or the median over all
+cells with their range, never the best of N; losing rows are kept; the peer runs at its strongest setting,
+named in the baseline; and it carries a range ([min, max] over alternating rounds, for timings) or an
+interval (seeds / bootstrap / standard error, for quality), ``noise_kind``. A number without one can be
+in the report card, never in the README.
 """
 
 from __future__ import annotations
@@ -21,6 +28,23 @@ class Headline:
     baseline: str
     noise: str
     readme: bool = False  # also in the README's headline table
+    model: str = ""  # the model measured and its size, e.g. "~0.3B Kimi-Linear, random weights"
+    noise_kind: str = ""  # "range" (timings over rounds), "interval" (quality), "exact"; "" = none recorded
+
+
+NOISE_KINDS = ("range", "interval", "exact")
+
+
+def violations(h: Headline) -> list[str]:
+    """The headline rules a README headline breaks (empty for a report-card-only one)."""
+    if not h.readme:
+        return []
+    out = []
+    if not h.model.strip():
+        out.append("names no model and size")
+    if h.noise_kind not in NOISE_KINDS:
+        out.append("has no range or interval (a number without one is not a README headline)")
+    return out
 
 
 def _x(a: float) -> str:
@@ -43,8 +67,8 @@ def _demo(d: dict) -> list[Headline]:
             f"demo LM validation loss at its {longest['length']:,}-token window (nats/token)",
             f"{longest['val_loss']:.3f}",
             f"unigram model {longest['unigram_loss']:.3f} ({ratio:.2f}×)",
-            "one run, seed 0",
-            readme=True,
+            "one run, seed 0 (no interval: report card only)",
+            model=_demo_model(d),
         )
     )
     rc = d.get("recall")
@@ -59,9 +83,18 @@ def _demo(d: dict) -> list[Headline]:
                 f"chance {rc['chance']:.3f}",
                 f"± one standard error over {rc['answers']} answers",
                 readme=True,
+                model=f"demo recall hybrid, {rc['params']:,} parameters"
+                if rc.get("params")
+                else "demo recall hybrid",
+                noise_kind="interval",
             )
         )
     return out
+
+
+def _demo_model(d: dict) -> str:
+    n = d.get("params")
+    return f"demo tiny hybrid MoE, {n:,} parameters" if n else "demo tiny hybrid MoE (`--preset tiny`)"
 
 
 _UNBOUNDED = (  # bench/kda.py's names for the exact unbounded-gate paths, strongest first
@@ -73,7 +106,8 @@ _UNBOUNDED = (  # bench/kda.py's names for the exact unbounded-gate paths, stron
 def _kda(d: dict) -> list[Headline]:
     rs = d["results"]
     big = max((r for r in rs if r["dtype"] == "float32"), key=lambda r: r["T"])
-    peer = "transformers chunk64"
+    # the peer at its strongest setting in this run: the faster of its chunk sizes at this row
+    peer = min((k for k in big["fwd_s"] if k.startswith("transformers")), key=lambda k: big["fwd_s"][k])
     # the strongest unbounded path the run measured: sub-chunk GEMMs where present, else pairwise log space
     gate, what = next(
         ((g, w) for g, w in _UNBOUNDED if any(g in r["speedup_fwd"] for r in rs)), _UNBOUNDED[-1]
@@ -83,9 +117,10 @@ def _kda(d: dict) -> list[Headline]:
         Headline(
             f"KDA operator forward, T = {big['T']:,} fp32 (ms)",
             _n(big["fwd_s"]["longmoe"] * 1e3),
-            f"{peer} {_n(big['fwd_s'][peer] * 1e3)} ({_x(big['speedup_fwd'][peer])} faster)",
+            f"{peer} (its faster chunk size here) {_n(big['fwd_s'][peer] * 1e3)} "
+            f"({_x(big['fwd_s'][peer] / big['fwd_s']['longmoe'])} faster)",
             _SPREAD,
-            readme=True,
+            model="KDA operator alone, B=1 H=4 K=V=64",
         ),
         Headline(
             f"bounded-decay all-GEMM chunk vs exact {what} path, forward, T = {min(r['T'] for r in rs):,}"
@@ -107,7 +142,7 @@ def _model(d: dict) -> list[Headline]:
             _n(t["ours_tok_s"]),
             f"transformers KimiLinear {_n(t['peer_tok_s'])} ({_x(t['ours_tok_s'] / t['peer_tok_s'])})",
             _SPREAD,
-            readme=True,
+            model=f"bench model, {d['active_params']:,} active parameters" if d.get("active_params") else "",
         ),
         Headline(
             f"decode at context {dec['context']:,} (ms/token)",
@@ -128,7 +163,7 @@ def _serve(d: dict) -> list[Headline]:
             f"{ratio['hybrid']:.2f}× (hybrid)",
             f"pure MLA {ratio['pure_mla']:.2f}×, transformers KimiLinear {ratio['peer']:.2f}×",
             _SPREAD,
-            readme=True,
+            model="tiny-preset shapes, random weights",
         ),
         Headline(
             "time to first token, 4096-token shared prefix (s)",
@@ -187,8 +222,7 @@ def _quant(d: dict) -> list[Headline]:
                 "int4 weights: size (MiB) and validation loss at 4K",
                 f"{q4['weight_bytes']['total'] / mib:.2f} MiB, loss {q4['val_loss']['4096']:.3f}",
                 f"fp32 {f['weight_bytes']['total'] / mib:.2f} MiB, loss {f['val_loss']['4096']:.3f}",
-                "one trained model, 4 held-out documents",
-                readme=True,
+                "one trained model, 4 held-out documents (no interval: report card only)",
             )
         ]
     uni = d["unigram"]["val_loss"]["4096"]
@@ -199,23 +233,41 @@ def _quant(d: dict) -> list[Headline]:
             f"{x['weight_bytes']['total'] / mib:.2f} MiB",
             f"fp32 {f['weight_bytes']['total'] / mib:.2f} MiB; loss at 4K {f['val_loss']['4096']:.3f} "
             f"(unigram {uni:.3f})",
-            "one trained model, 4 held-out documents x 4K positions",
-            readme=True,
+            "one trained model, 4 held-out documents x 4K positions (no interval: report card only)",
+            model="the demo's trained tiny hybrid MoE",
         )
         for name, x in (("int8", v["int8"]), ("int4", q4))
     ]
 
 
+_COMPILE_MODELS = {  # bench/serve.py --compile-model -> the model's name and size
+    "kimi300m": "~0.3B Kimi-Linear shapes, random weights",
+    "100m": "111M (small preset cut to 4 layers), random weights",
+}
+PRE_REGISTERED_COMPILE_MODEL = "kimi300m"  # the README's compile headline: the largest model measured
+
+
+def _compile_model(d: dict) -> tuple[str, str]:
+    cmd = (d.get("provenance") or {}).get("command") or ""
+    name = cmd.split("--compile-model", 1)[1].split()[0] if "--compile-model" in cmd else "tiny"
+    cfg = d.get("config") or {}
+    toy = f"toy hybrid (d {cfg.get('d_model')}, {cfg.get('n_layers')} layers), random weights"
+    return name, _COMPILE_MODELS.get(name, toy)
+
+
 def _serve_compile(d: dict) -> list[Headline]:
     c = d["compiled"]
     rounds = [r["eager_ms"] / r["compiled_ms"] for r in c["rounds"]]
+    name, model = _compile_model(d)
     out = [
         Headline(
-            f"compiled engine decode, batch 1, context {c['context']:,} (ms/token)",
+            f"compiled engine decode, batch 1, context {c['context']:,}, {model.split(',')[0]} (ms/token)",
             _n(c["compiled_ms"]),
             f"eager {_n(c['eager_ms'])}; median per-round speed-up {_x(statistics.median(rounds))}",
-            f"per-round speed-ups {min(rounds):.2f}-{max(rounds):.2f} ({len(rounds)} alternating rounds)",
-            readme=True,
+            f"per-round speed-ups [{min(rounds):.2f}, {max(rounds):.2f}] ({len(rounds)} alternating rounds)",
+            readme=name == PRE_REGISTERED_COMPILE_MODEL,
+            model=model,
+            noise_kind="range",
         )
     ]
     ft = c.get("first_token") or {}
@@ -226,30 +278,34 @@ def _serve_compile(d: dict) -> list[Headline]:
             Headline(
                 "`--compile` start-up: first decoded token, fresh process (s)",
                 f"cold {min(cold):.0f}-{max(cold):.0f}, warm cache {min(warm):.1f}-{max(warm):.1f}",
-                "target cold <= 60, warm <= 10 (before: ~570 cold)",
-                f"{len(cold)} cold / {len(warm)} warm processes",
-                readme=True,
+                "target cold <= 60, warm <= 10",
+                f"[min, max] over {len(cold)} cold / {len(warm)} warm processes",
+                readme=name == "tiny",  # the model the start-up target was set on
+                model=model,
+                noise_kind="range",
             )
         )
     return out
 
 
 def _spec(d: dict) -> list[Headline]:
+    # no cell is picked on the rounds it reports: the median over every cell, with the cells' range
     plain = [r for r in d["runs"] if r["case"] == "none"]
-    best = max(plain, key=lambda r: min(r["speedup_rounds"]))  # the surest win, not the luckiest round
-    worst = min(plain, key=lambda r: r["speedup_median"])
-
-    def cell(r: dict) -> str:
-        return f"{r['draft']}, k={r['k']}, batch {r['batch']}"
-
-    rng = f"{min(best['speedup_rounds']):.2f}-{max(best['speedup_rounds']):.2f}"
+    meds = sorted(r["speedup_median"] for r in plain)
+    wins = sum(m > 1 for m in meds)
+    model = (
+        "the demo's trained tiny hybrid MoE (make demo), trained drafts"  # spec.json "target": its run dir
+    )
     return [
         Headline(
-            "speculative decoding on a trained target: surest win (median speed-up, acceptance)",
-            f"{_x(best['speedup_median'])}, acceptance {best['acceptance']:.2f} ({cell(best)})",
-            f"no speculation 1.00×; worst cell {_x(worst['speedup_median'])} ({cell(worst)})",
-            f"per-round speed-ups {rng} ({d['rounds']} alternating rounds)",
+            f"speculative decoding: median speed-up over all {len(meds)} draft x k x batch cells",
+            f"{_x(statistics.median(meds))}",
+            f"no speculation 1.00×; {wins} of {len(meds)} cells faster",
+            f"cells' median speed-ups [{meds[0]:.2f}, {meds[-1]:.2f}] (each the median of {d['rounds']} "
+            "alternating rounds)",
             readme=True,
+            model=model,
+            noise_kind="range",
         )
     ]
 
@@ -261,8 +317,8 @@ def _serve_prefix(d: dict) -> list[Headline]:
             f"chat turn {len(on)} / turn 1 time to first token, prefix reuse on",
             _x(on[-1] / on[0]),
             f"no reuse {_x(off[-1] / off[0])}; target ≤ 1.5×",
-            "one run per arm",
-            readme=True,
+            "one run per arm (no range: report card only)",
+            model="tiny-preset shapes, random weights",
         ),
         Headline(
             "prefix hit within one 16-token chunk of the shared prefix at every offset 0..64",
@@ -281,50 +337,82 @@ def _faster(ours: float, peer: float, peer_name: str, lower_is_better: bool = Tr
     return f"{who} {x:.2f}× faster" if x < 1.1 else f"{who} {x:.1f}× faster"
 
 
+def _med_range(xs: list[float], scale: float = 1.0, invert: bool = False) -> tuple[float, float, float]:
+    """(median, min, max) of ``xs`` x ``scale``, or of ``scale / x`` when ``invert`` (seconds -> tok/s)."""
+    ys = sorted(scale / x for x in xs) if invert else sorted(x * scale for x in xs)
+    return statistics.median(ys), ys[0], ys[-1]
+
+
+def _rng(m: float, lo: float, hi: float, f: str = ".1f") -> str:
+    return f"{m:{f}} [{lo:{f}}, {hi:{f}}]"
+
+
 def _cpu_serve(d: dict) -> list[Headline]:
+    """Against llama.cpp's main rows (its users' setting: flash attention on, KV f16); both precisions and
+    the first and last decode context, losing rows included; every value is median [min, max] over rounds."""
     threads = max(d["runs"], key=int)
     m = d["runs"][threads]["measured"]
-    n = max(m["prefill"], key=int)
-    pre = {a: int(n) / statistics.median(v) for a, v in m["prefill"][n].items()}
-    ours, peer = "longmoe fp32 --compile", "llama.cpp f32"
+    model = (d.get("model") or {}).get("label", "~0.3B") + " Kimi-Linear, random weights"
+    settings = d.get("peer_settings") or {}
+    peer_set = settings.get("llama.cpp f32", "flash attention off, KV f16 (setting not recorded)")
     out = []
     for ctx in sorted({min(m["decode"], key=int), max(m["decode"], key=int)}, key=int):
-        dec = {a: statistics.median(v) for a, v in m["decode"][ctx].items()}
-        spread = f"medians of {len(m['decode'][ctx][ours])} round-robin rounds, {threads} thread(s)"
-        q8 = _faster(dec["longmoe int8 --compile"], dec["llama.cpp q8_0"], "q8_0")
+        row = m["decode"][ctx]
+        n = min(len(row[a]) for a in ("longmoe fp32 --compile", "llama.cpp f32"))
+        for ours, peer in (
+            ("longmoe fp32 --compile", "llama.cpp f32"),
+            ("longmoe int8 --compile", "llama.cpp q8_0"),
+        ):
+            o, p = _med_range(row[ours]), _med_range(row[peer])
+            out.append(
+                Headline(
+                    f"CPU batch-1 decode, {ours.removeprefix('longmoe ')} vs {peer}, context {int(ctx):,} "
+                    "(ms/token)",
+                    _rng(*o),
+                    f"{peer} {_rng(*p)}, {peer_set} ({_faster(o[0], p[0], 'llama.cpp')})",
+                    f"median [min, max] over {n} alternating rounds, {threads} thread(s), shared machine",
+                    readme=True,
+                    model=model,
+                    noise_kind="range",
+                )
+            )
+    n = max(m["prefill"], key=int)
+    row = m["prefill"][n]
+    for ours, peer in (
+        ("longmoe fp32 --compile", "llama.cpp f32"),
+        ("longmoe int8 --compile", "llama.cpp q8_0"),
+    ):
+        if ours not in row:  # written before the per-arm contexts: the eager rows
+            ours = ours.removesuffix(" --compile")
+        o, p = _med_range(row[ours], int(n), True), _med_range(row[peer], int(n), True)
+        k = min(len(row[ours]), len(row[peer]))
         out.append(
             Headline(
-                f"CPU batch-1 decode vs llama.cpp, ~0.3B Kimi-Linear, context {int(ctx):,} (ms/token)",
-                f"{dec[ours]:.1f} (fp32, --compile); int8 --compile {dec['longmoe int8 --compile']:.1f}",
-                f"llama.cpp f32 {dec[peer]:.1f} ({_faster(dec[ours], dec[peer], 'llama.cpp')}); "
-                f"q8_0 {dec['llama.cpp q8_0']:.1f} ({q8})",
-                spread,
-                readme=True,
+                f"CPU prefill, {ours.removeprefix('longmoe ')} vs {peer}, {int(n):,}-token prompt (tok/s)",
+                _rng(*o, f=".0f"),
+                f"{peer} {_rng(*p, f='.0f')}, {peer_set} "
+                f"({_faster(o[0], p[0], 'llama.cpp', lower_is_better=False)})",
+                f"median [min, max] over {k} round(s), {threads} thread(s), shared machine",
+                readme=k >= 3,  # a single sample carries no headline
+                model=model,
+                noise_kind="range" if k >= 3 else "",
             )
         )
-    rounds = len(m["prefill"][n]["longmoe fp32"])
-    out.append(
-        Headline(
-            f"CPU prefill vs llama.cpp, {int(n):,}-token prompt (tok/s)",
-            f"{pre['longmoe fp32']:.0f} (fp32); int8 {pre['longmoe int8']:.0f}",
-            f"llama.cpp f32 {pre[peer]:.0f} ({_faster(pre['longmoe fp32'], pre[peer], 'llama.cpp', False)}); "
-            f"q8_0 {pre['llama.cpp q8_0']:.0f}",
-            f"medians of {rounds} round-robin rounds, {threads} thread(s)",
-            readme=True,
-        )
-    )
     return out
 
 
 def _rollout(d: dict) -> list[Headline]:
-    n = max(r["episodes"] for r in d["rows"] if r["mode"] == "session" and r["speedup_vs_reprefill"] > 1)
-    s = next(r for r in d["rows"] if r["episodes"] == n and r["mode"] == "session")
-    base = next(r for r in d["rows"] if r["episodes"] == n and r["mode"] == "re-prefill")
+    # every episode count, the ones where sessions lose included
+    ns = sorted({r["episodes"] for r in d["rows"] if r["mode"] == "session"})
+    sp = {n: next(r for r in d["rows"] if r["episodes"] == n and r["mode"] == "session") for n in ns}
+    cells = ", ".join(f"{n}: {_x(sp[n]['speedup_vs_reprefill'])}" for n in ns)
+    losing = [n for n in ns if sp[n]["speedup_vs_reprefill"] < 1]
     return [
         Headline(
-            f"multi-turn rollouts, {n} episodes, engine sessions (trajectory tok/s)",
-            _n(s["tok_s"]),
-            f"re-prefill every turn {_n(base['tok_s'])} ({_x(s['speedup_vs_reprefill'])})",
+            "multi-turn rollouts: engine sessions / re-prefill every turn, trajectory tok/s, by episodes",
+            cells,
+            "re-prefill every turn 1.00×; sessions slower at "
+            + (", ".join(str(n) for n in losing) + " episodes" if losing else "no count"),
             _SPREAD,
         )
     ]
@@ -412,9 +500,12 @@ HEADLINES: dict[str, Callable[[dict], list[Headline]]] = {
     "moe": _moe,
     "packed_attention": _packed_attention,
     "serve_compile": _serve_compile,
+    "serve_compile_kimi300m": _serve_compile,
+    "serve_compile_100m": _serve_compile,
     "serve_prefix": _serve_prefix,
     "spec": _spec,
     "cpu_serve": _cpu_serve,
+    "cpu_serve_15m": _cpu_serve,
     "quant": _quant,
     "rollout": _rollout,
     "load": _load,

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.errors import UserError
-from longmoe.headlines import HEADLINES, Headline
+from longmoe.headlines import HEADLINES, Headline, violations
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIRS = ("bench/results", "docs/results")  # relative to the repository root
 NOT_RECORDED = "not recorded"
-PROVENANCE_FIELDS = ("commit", "date", "machine", "threads", "command", "wall_s")
+PROVENANCE_FIELDS = ("commit", "date", "machine", "threads", "command", "wall_s", "peers")
 
 
 class ReportError(UserError):
@@ -84,6 +84,7 @@ def provenance(data: dict[str, Any]) -> dict[str, str]:
         "threads": p.get("threads", m.get("threads")),
         "command": p.get("command"),
         "wall_s": p.get("wall_s"),
+        "peers": ", ".join(f"{k} {v}" for k, v in (p.get("peers") or {}).items()) or None,
     }
     out = {}
     for k, v in raw.items():
@@ -110,9 +111,13 @@ def headlines(r: Result) -> list[Headline]:
     if fn is None or r.smoke:
         return []
     try:
-        return fn(r.data)
+        hs = fn(r.data)
     except (KeyError, TypeError, ValueError, StopIteration, ZeroDivisionError) as e:
         raise ReportError(f"{r.path}: headline numbers not found ({type(e).__name__}: {e})") from None
+    for h in hs:  # the headline rules (longmoe/headlines.py, docs/benchmarks.md)
+        if bad := violations(h):
+            raise ReportError(f"{r.path}: README headline {h.label!r} {'; '.join(bad)}")
+    return hs
 
 
 def _rel(p: Path, root: Path) -> str:
@@ -128,11 +133,13 @@ def _row(cells: list[str]) -> str:
 
 def headline_table(results: list[Result], root: Path = ROOT) -> str:
     """The README's short table: the headline numbers marked ``readme``, each with its source file."""
-    lines = [_row(["result", "longmoe", "baseline (same run)", "source"]), "|---|---|---|---|"]
+    head = ["result", "model", "longmoe", "baseline (same run)", "noise", "source (commit)"]
+    lines = [_row(head), "|" + "---|" * len(head)]
     for r in ordered(results):
         for h in headlines(r):
             if h.readme:
-                lines.append(_row([h.label, h.value, h.baseline, f"`{_rel(r.path, root)}`"]))
+                src = f"`{_rel(r.path, root)}` ({provenance(r.data)['commit']})"
+                lines.append(_row([h.label, h.model, h.value, h.baseline, h.noise, src]))
     return "\n".join(lines)
 
 
@@ -152,8 +159,8 @@ def render(results: list[Result], root: Path = ROOT) -> str:
         lines += [f"## {r.name}", "", f"Source: `{_rel(r.path, root)}`", ""]
         hs = headlines(r)
         if hs:
-            lines += [_row(["measure", "value", "baseline", "noise"]), "|---|---|---|---|"]
-            lines += [_row([h.label, h.value, h.baseline, h.noise]) for h in hs]
+            lines += [_row(["measure", "model", "value", "baseline", "noise"]), "|---|---|---|---|---|"]
+            lines += [_row([h.label, h.model or NOT_RECORDED, h.value, h.baseline, h.noise]) for h in hs]
         else:
             lines.append("No headline numbers defined for this file (`longmoe/headlines.py` HEADLINES).")
         p = provenance(r.data)

@@ -32,13 +32,23 @@ def test_a_file_without_provenance_says_not_recorded_for_every_field(tmp_path):
     _write(tmp_path, "quant", QUANT)
     [r] = collect([tmp_path])
     assert set(provenance(r.data).values()) == {NOT_RECORDED}
-    assert render([r], tmp_path).split("Provenance: ")[1].count(NOT_RECORDED) == 6
+    assert render([r], tmp_path).split("Provenance: ")[1].count(NOT_RECORDED) == 7
 
 
 def test_recorded_provenance_is_printed_and_old_machine_fields_are_read():
     rec = {"commit": "abc123", "date": "2026-12-06 10:00 UTC", "machine": "h, cpu", "threads": 2}
     p = provenance({"provenance": {**rec, "command": "python -m bench.quant", "wall_s": 61.4}})
-    assert p == {**rec, "threads": "2", "command": "python -m bench.quant", "wall_s": "61 s"}
+    assert p == {
+        **rec,
+        "threads": "2",
+        "command": "python -m bench.quant",
+        "wall_s": "61 s",
+        "peers": NOT_RECORDED,
+    }
+    with_peers = provenance(
+        {"provenance": {**rec, "peers": {"torch": "2.13.0", "llama-cpp-python": "0.3.36"}}}
+    )
+    assert with_peers["peers"] == "torch 2.13.0, llama-cpp-python 0.3.36"
     old = provenance({"machine": {"cpu": "x86_64", "torch": "2.13.0", "threads": 1}})
     assert (
         old["machine"] == "x86_64, torch 2.13.0" and old["threads"] == "1" and old["commit"] == NOT_RECORDED
@@ -70,17 +80,80 @@ def test_a_known_file_with_a_changed_layout_names_the_file(tmp_path):
         render(collect([tmp_path]), tmp_path)
 
 
-def test_headlines_carry_value_baseline_and_source(tmp_path):
+COMPILE = {
+    "provenance": {"commit": "abc123", "command": "python -m bench.serve --compile-model kimi300m"},
+    "config": {"d_model": 1024, "n_layers": 16},
+    "compiled": {"context": 1024, "eager_ms": 60.0, "compiled_ms": 30.0,
+                 "rounds": [{"eager_ms": 60.0, "compiled_ms": 30.0}, {"eager_ms": 57.0, "compiled_ms": 30.0},
+                            {"eager_ms": 66.0, "compiled_ms": 30.0}]},
+}  # fmt: skip
+
+
+def test_headlines_carry_model_value_baseline_noise_and_source_with_its_commit(tmp_path):
     _write(tmp_path, "quant", QUANT)
+    _write(tmp_path, "serve_compile_kimi300m", COMPILE)
     _write(tmp_path / "docs", "unknown_results", {"x": 1})
     _write(tmp_path, "quant_quick", QUANT)
     results = collect([tmp_path, tmp_path / "docs"])
-    assert [r.name for r in results] == ["quant", "quant_quick", "unknown"]
+    assert [r.name for r in results] == ["quant", "quant_quick", "serve_compile_kimi300m", "unknown"]
     table = headline_table(results, tmp_path)
-    assert "1.00 MiB, loss 6.300" in table and "fp32 4.00 MiB" in table and "`quant.json`" in table
+    row = next(line for line in table.splitlines() if "compiled engine decode" in line)
+    assert "~0.3B Kimi-Linear" in row and "| 30 |" in row and "2.00×" in row and "[1.90, 2.20]" in row
+    assert "`serve_compile_kimi300m.json` (abc123)" in row
+    assert "1.00 MiB" not in table  # quant has no interval: report card only
     card = render(results, tmp_path)
+    assert "1.00 MiB, loss 6.300" in card and "fp32 4.00 MiB" in card
     assert "## unknown" in card and "No headline numbers defined" in card
     assert "Smoke runs" in card and "## quant_quick" not in card
+
+
+@pytest.mark.parametrize(
+    ("model", "noise_kind", "broken"),
+    [
+        ("", "range", "names no model"),
+        ("~0.3B", "", "no range or interval"),
+        ("~0.3B", "sometimes", "no range"),
+    ],
+)
+def test_a_readme_headline_without_model_or_range_breaks_the_rules(
+    tmp_path, monkeypatch, model, noise_kind, broken
+):
+    from longmoe import headlines
+
+    h = headlines.Headline("x", "1", "peer 2", "noise", readme=True, model=model, noise_kind=noise_kind)
+    assert any(broken in v for v in headlines.violations(h))
+    assert headlines.violations(headlines.Headline("x", "1", "peer 2", "one run")) == []  # report card only
+    monkeypatch.setitem(headlines.HEADLINES, "quant", lambda d: [h])
+    p = _write(tmp_path, "quant", QUANT)
+    with pytest.raises(ReportError, match=f"{p}: README headline 'x' .*{broken}"):
+        headline_table(collect([tmp_path]), tmp_path)
+
+
+def test_speculative_headline_is_the_median_over_every_cell_not_the_best():
+    from longmoe.headlines import _spec
+
+    runs = [{"case": "none", "speedup_median": m, "draft": "d", "k": 1, "batch": 1, "acceptance": 0.9,
+             "speedup_rounds": [m]} for m in (0.5, 0.8, 1.0, 1.2, 3.0)]  # fmt: skip
+    [h] = _spec({"runs": runs, "rounds": 3})
+    assert h.value == "1.00×" and "[0.50, 3.00]" in h.noise and "2 of 5 cells faster" in h.baseline
+
+
+def test_rollout_headline_keeps_the_episode_counts_where_sessions_lose():
+    from longmoe.headlines import _rollout
+
+    rows = [{"mode": m, "episodes": n, "speedup_vs_reprefill": s, "tok_s": 1.0}
+            for n, s in ((1, 1.7), (8, 1.2), (32, 0.89)) for m in ("session", "re-prefill")]  # fmt: skip
+    [h] = _rollout({"rows": rows})
+    assert "32: 0.89×" in h.value and "slower at 32 episodes" in h.baseline
+
+
+def test_kda_headline_reads_against_the_peers_faster_setting():
+    from longmoe.headlines import _kda
+
+    row = {"T": 4096, "dtype": "float32", "fwd_s": {"longmoe": 0.01, "transformers chunk64": 0.2,
+           "transformers chunk16": 0.05}, "speedup_fwd": {"transformers chunk64": 20.0}}  # fmt: skip
+    h = _kda({"results": [row]})[0]
+    assert "transformers chunk16" in h.baseline and "5.00× faster" in h.baseline
 
 
 def test_check_exits_1_when_the_report_is_stale_and_0_once_written(tmp_path, capsys):
