@@ -32,7 +32,7 @@ from longmoe.reportcard import ReportError, collect, default_dirs, headline_tabl
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DEMO_JSON = ROOT / "docs" / "results" / "demo_results.json"
-DOCS = ("README.md", "docs/benchmarks.md", "docs/deploy.md")
+DOCS = ("README.md", "docs/benchmarks.md", "docs/deploy.md", "docs/serve.md")
 BENCH_DOC = "docs/benchmarks.md"
 NEW_TABLES_HERE = "<!-- bench:new-tables-here -->"  # where a benchmark's first table is appended
 BLOCK = re.compile(r"<!-- (?P<name>[\w:-]+):start -->\n(?P<body>.*?)\n?<!-- (?P=name):end -->", re.DOTALL)
@@ -120,12 +120,24 @@ def write_all(root: Path = ROOT, add_bench: str | None = None) -> list[str]:
     return changed
 
 
-def import_demo(run_dir: Path, root: Path = ROOT) -> Path:
-    """Copy a demo run's ``report.json`` into the committed results, with what is known of its origin."""
+def import_demo(run_dir: Path, root: Path = ROOT, allow_dirty: bool = False) -> Path:
+    """Copy a demo run's ``report.json`` into the committed results: its own provenance when the run wrote
+    one (``make demo`` does; a run from a dirty tree is refused unless ``allow_dirty``), else what is
+    known at import."""
     src = run_dir / "report.json"
     if not src.exists():
         raise ReportError(f"{src}: no demo result here (run `longmoe demo --run-dir {run_dir}` first)")
     data = json.loads(src.read_text())
+    prov = data.get("provenance") or {}
+    if str(prov.get("commit") or "").endswith("+dirty") and not allow_dirty:
+        raise ReportError(f"{src}: the run was made from a dirty tree ({prov['commit']}); rerun from a "
+                          "commit, or pass --allow-dirty to keep it stamped")  # fmt: skip
+    if prov:
+        out = root / "docs" / "results" / "demo_results.json"
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+        tmp.replace(out)
+        return out
     mtime = datetime.datetime.fromtimestamp(src.stat().st_mtime, datetime.UTC)
     commit = subprocess.run(
         ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
@@ -147,10 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.tables", description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a table is stale")
     ap.add_argument("--demo", type=Path, metavar="RUN_DIR", help="first import RUN_DIR/report.json")
+    ap.add_argument("--allow-dirty", action="store_true", help="--demo: accept a run made from a dirty tree")
     args = ap.parse_args(argv)
     try:
         if args.demo:
-            print(f"wrote {import_demo(args.demo)}")
+            print(f"wrote {import_demo(args.demo, allow_dirty=args.allow_dirty)}")
         if args.check:
             bad = stale()
             for d in bad:

@@ -1,0 +1,157 @@
+"""Every result number in docs/*.md prose comes from a file: a script-written block or a citation.
+
+A number with a unit of a result (×, x, ms, tok/s, s, %, GB/MB/KB and their binary forms, nats) in
+docs/*.md is *covered* when it is
+
+- inside a block a script writes, ``<!-- NAME:start -->`` .. ``<!-- NAME:end -->`` (``bench/tables.py``
+  rewrites them and ``tests/test_report_tables.py`` checks them), or
+- followed on its line, before the next number, by a citation ``<!-- from: PATH#KEY -->``: PATH a JSON file
+  in the repository, KEY a dotted path into it (list items by index; ``KEY*1000`` scales the value, e.g.
+  seconds to ms; a number printed with ``%`` reads a fraction, so the value is multiplied by 100). The
+  citation resolves and the printed number equals the value at the printed precision.
+
+Exempt by rule (``exempt``), because they are settings or sizes, not results: numbers in code (fenced or
+inline), targets and limits (after ≤ ≥ < > or the words target / at least / at most / under / up to /
+within / budget / limit / timeout), and sizes of inputs (a number followed by "of", "per", "budget",
+"tensor", "file", "chunk", "cache", "buffer", "window", "prompt", "context", "RAM", "memory", "disk").
+
+``UNCITED`` (``bench/docnumbers_uncited.json``) lists the numbers written before this rule, per file, by
+their text and the words before them: those may stay until their paragraph is next edited; a new or
+edited one is not in it and fails ``tests/test_docs_numbers.py``. ``python -m bench.docnumbers --update``
+rewrites the list (it may only shrink in review: an added entry is a hand-typed number).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+UNCITED = ROOT / "bench" / "docnumbers_uncited.json"
+
+UNITS = r"(?:×|x\b|ms\b|tok/s\b|s\b|%|[KMG]i?B\b|nats?\b)"
+NUMBER = re.compile(rf"(?<![\w.\-/#])(?P<num>\d[\d,]*(?:\.\d+)?)\s?(?P<unit>{UNITS})")
+CITE = re.compile(r"<!--\s*from:\s*(?P<path>[^#\s]+)#(?P<key>[^\s*]+)(?:\*(?P<scale>[\d.e+-]+))?\s*-->")
+BLOCK_START = re.compile(r"<!--\s*[\w:.-]+:start\s*-->")
+BLOCK_END = re.compile(r"<!--\s*[\w:.-]+:end\s*-->")
+CODE = re.compile(r"`[^`]*`")
+LIMIT_BEFORE = re.compile(
+    r"(?:[≤≥<>]=?|\b(?:target|at least|at most|under|up to|within|budget|limit|timeout|max|min)\b)"
+    r"[\s~(]*$",
+    re.IGNORECASE,
+)
+SIZE_AFTER = re.compile(
+    r"^\s*(?:of\b|per\b|budget|tensor|file|chunk|cache|buffer|window|prompt|context|RAM|memory|disk)",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Found:
+    """One result number in a document: where, what, and the citation that covers it (if any)."""
+
+    doc: str
+    line: int
+    text: str  # the number and unit as printed
+    before: str  # up to 40 characters before it on its line: what the uncited list keys it by
+    cite: re.Match | None
+
+
+def exempt(line: str, m: re.Match) -> bool:
+    """Settings and sizes, not results (the rule in the module docstring)."""
+    return bool(LIMIT_BEFORE.search(line[: m.start()])) or bool(SIZE_AFTER.match(line[m.end() :]))
+
+
+def scan(text: str, doc: str) -> list[Found]:
+    """Every non-exempt result number outside script-written blocks and code, with its citation."""
+    out: list[Found] = []
+    in_block = in_fence = False
+    for i, raw in enumerate(text.splitlines(), 1):
+        if raw.lstrip().startswith("```"):
+            in_fence = not in_fence
+            continue
+        if BLOCK_START.search(raw):
+            in_block = True
+        if in_block or in_fence:
+            in_block = in_block and not BLOCK_END.search(raw)
+            continue
+        line = CODE.sub(lambda m: " " * len(m.group()), raw)  # keep offsets, drop inline code
+        cites = list(CITE.finditer(line))
+        line = CITE.sub(lambda m: " " * len(m.group()), line)
+        hits = [m for m in NUMBER.finditer(line) if not exempt(line, m)]
+        for j, m in enumerate(hits):
+            nxt = hits[j + 1].start() if j + 1 < len(hits) else len(line)
+            cite = next((c for c in cites if m.end() <= c.start() < nxt), None)
+            before = " ".join(line[max(0, m.start() - 40) : m.start()].split())
+            out.append(Found(doc, i, m.group().strip(), before, cite))
+    return out
+
+
+def resolve(path: str, key: str, root: Path = ROOT) -> float:
+    """The number at ``key`` (dotted; list indices as integers) in the JSON file ``path``."""
+    f = root / path
+    if not f.is_file():
+        raise ValueError(f"{path}: no such file")
+    node = json.loads(f.read_text())
+    for part in key.split("."):
+        try:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise ValueError(f"{path}#{key}: no {part!r} there") from None
+    if not isinstance(node, int | float) or isinstance(node, bool):
+        raise ValueError(f"{path}#{key}: not a number ({type(node).__name__})")
+    return float(node)
+
+
+def check_citation(f: Found, root: Path = ROOT) -> str | None:
+    """None when the cited value, printed at the document's precision, is the printed number."""
+    assert f.cite is not None
+    m = NUMBER.match(f.text)
+    assert m is not None
+    printed, unit = m["num"].replace(",", ""), m["unit"]
+    try:
+        value = resolve(f.cite["path"], f.cite["key"], root) * float(f.cite["scale"] or 1)
+    except ValueError as e:
+        return f"{f.doc}:{f.line}: {f.text}: {e}"
+    if unit == "%":
+        value *= 100
+    decimals = len(printed.split(".")[1]) if "." in printed else 0
+    if abs(round(value, decimals) - float(printed)) > 10**-decimals / 2 + 1e-9:
+        return f"{f.doc}:{f.line}: prints {f.text}, {f.cite['path']}#{f.cite['key']} holds {value:.6g}"
+    return None
+
+
+def all_found(root: Path = ROOT) -> list[Found]:
+    return [x for p in sorted((root / "docs").glob("*.md")) for x in scan(p.read_text(), p.name)]
+
+
+def uncited_keys(found: list[Found]) -> Counter:
+    return Counter(f"{f.doc} | {f.before} | {f.text}" for f in found if f.cite is None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--update", action="store_true", help="rewrite bench/docnumbers_uncited.json")
+    args = ap.parse_args(argv)
+    found = all_found()
+    bad = [e for f in found if f.cite is not None and (e := check_citation(f))]
+    keys = uncited_keys(found)
+    for e in bad:
+        print(e)
+    if args.update:
+        tmp = UNCITED.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(sorted(keys.items())), indent=1, ensure_ascii=False) + "\n")
+        tmp.replace(UNCITED)
+        print(f"wrote {UNCITED.relative_to(ROOT)}: {sum(keys.values())} uncited numbers")
+    cited = sum(f.cite is not None for f in found)
+    print(f"{len(found)} result numbers in docs/*.md: {cited} cited, {sum(keys.values())} uncited")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
