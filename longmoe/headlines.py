@@ -458,7 +458,7 @@ def _vision_extract(d: dict) -> list[Headline]:
     ci = f"95% interval ({m['micro_f1_interval']})" if "micro_f1_lo" in m else "± one standard error"
     return [
         Headline(
-            f"image → JSON field F1, {fam}",
+            f"image → JSON field F1, {fam}" + (f", seed {d['seed']}" if "seed" in d else ""),
             _f1_ci(m),
             f"{ctrl}; target {d['target_f1']}",
             f"{ci} over {m['n']} pages",
@@ -512,5 +512,6 @@ HEADLINES: dict[str, Callable[[dict], list[Headline]]] = {
     "ablations": _checks("design ablations"),
     "mqar": _checks("associative recall sweep"),
     "vision_extract": _vision_extract,
+    "vision_extract_seed1": _vision_extract,
     "agent": _agent,
 }

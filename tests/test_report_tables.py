@@ -57,3 +57,31 @@ def test_a_new_benchmark_block_is_added_where_new_tables_go():
     out = tables.ensure_block(text, "bench:new", "")
     assert out.index("<!-- bench:new:start -->") < out.index(tables.NEW_TABLES_HERE) < out.index("## after")
     assert tables.ensure_block(out, "bench:new", "") == out
+
+
+def _demo_run(tmp_path: Path, commit: str | None) -> Path:
+    src = json.loads((ROOT / "docs" / "results" / "demo_results.json").read_text())
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    if commit is not None:
+        src["provenance"] = {"commit": commit, "date": "2026-12-07 14:00 UTC", "command": "longmoe demo"}
+    else:
+        src.pop("provenance", None)
+    (run / "report.json").write_text(json.dumps(src))
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    return run
+
+
+def test_make_demo_publishes_the_runs_own_record_and_refuses_a_dirty_one(tmp_path):
+    run = _demo_run(tmp_path, "abc1234")
+    out = tables.import_demo(run, tmp_path)
+    assert json.loads(out.read_text())["provenance"]["commit"] == "abc1234"
+    dirty = _demo_run(tmp_path / "d", "abc1234+dirty")
+    with pytest.raises(UserError, match="dirty tree"):
+        tables.import_demo(dirty, tmp_path / "d")
+    assert (
+        "+dirty"
+        in json.loads(tables.import_demo(dirty, tmp_path / "d", allow_dirty=True).read_text())["provenance"][
+            "commit"
+        ]
+    )

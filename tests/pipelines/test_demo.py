@@ -128,6 +128,10 @@ def test_demo_end_to_end(tmp_path):
     assert "unigram baseline" in md and "![loss.png](loss.png)" in md
     assert (tmp_path / "demo/loss.png").is_file() and (tmp_path / "demo/final/model.safetensors").is_file()
     assert rep["synthetic_documents"] and isinstance(rep["sample"]["completion"], str)
+    prov = rep.pop("provenance")  # written beside the result, so `make demo` can publish it as is
+    assert {"commit", "date", "command", "wall_s", "peers"} <= set(prov) and prov["command"].startswith(
+        "longmoe"
+    )
     assert DemoResult.from_dict(rep).to_dict() == rep
     assert set(rep["recall"]["accuracy"]) == {"64", "256", "1024"} and "## Associative recall (MQAR)" in md
     # a resumed finished run trains no further and reports the same curriculum (the per-stage losses

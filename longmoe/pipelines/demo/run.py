@@ -30,6 +30,7 @@ from longmoe.pipelines.demo.recall import run_recall
 from longmoe.pipelines.demo.report import render_report
 from longmoe.pipelines.demo.result import DemoResult, LengthEval, Sample, StageResult
 from longmoe.presets import preset
+from longmoe.provenance import provenance
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 from longmoe.train.config import TrainConfig
@@ -78,7 +79,7 @@ def _trainer(cfg: DemoConfig) -> Trainer:
 
 def run_demo(cfg: DemoConfig) -> DemoResult:
     """Train, evaluate, sample; writes ``report.json``, ``report.md`` and the plots into ``run_dir``."""
-    t0 = time.time()
+    t0, started = time.time(), time.perf_counter()
     trainer = _trainer(cfg)
     n_params = trainer.model.num_parameters()
     print(f"[demo] tiny hybrid MoE: {n_params:,} parameters; {trainer.total_steps} steps", file=sys.stderr)
@@ -116,7 +117,8 @@ def run_demo(cfg: DemoConfig) -> DemoResult:
         plots=[p.name for p in render(cfg.run_dir)],
         recall=recall,
     )
-    (cfg.run_dir / REPORT_JSON).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    record = {**result.to_dict(), "provenance": provenance(" ".join(["longmoe", *sys.argv[1:]]), started)}
+    (cfg.run_dir / REPORT_JSON).write_text(json.dumps(record, indent=2) + "\n")
     (cfg.run_dir / REPORT_MD).write_text(render_report(result))
     print(f"[demo] wrote {cfg.run_dir / REPORT_MD} in {time.time() - t0:.0f} s")
     return result
