@@ -149,10 +149,10 @@ class LlamaPeer:
         flash_attn: bool = True,
         kv: str = "f16",
     ):
-        import llama_cpp
-
         if kv not in KV_TYPES:
             raise ValueError(f"kv: one of {sorted(KV_TYPES)}, not {kv!r}")
+        import llama_cpp
+
         self.lib = llama_cpp
         self.setting = setting(flash_attn, kv)
         self.llm = llama_cpp.Llama(
