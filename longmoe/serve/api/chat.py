@@ -29,6 +29,7 @@ from longmoe.serve.api.state import server_state
 from longmoe.serve.api.tools import ToolStream, assistant_message, tool_plan
 from longmoe.serve.errors import EngineError
 from longmoe.serve.images import ImageInputError, chat_patches
+from longmoe.serve.reply_ids import encode_chat_with_replies
 from longmoe.serve.request import Completion
 
 DEFAULT_CHAT_MAX_TOKENS = 512
@@ -42,17 +43,33 @@ async def create_chat_completion(request: Request) -> Response:
     plan = await tool_plan(request, req)
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
     messages, salt = await asyncio.to_thread(attach_documents, st, request.state.owner, messages)
+    replies = st.replies if engine.cfg.prefix_cache else None  # kept ids serve only the prefix cache
     try:  # decoding images and tokenising are CPU work: off the loop
         images = await asyncio.to_thread(
             chat_patches, messages, engine.cfg.image_limits, engine.model.cfg.vision
         )
-        ids = await asyncio.to_thread(engine.encode_chat, messages, plan.tools or None, images)
+        if images:
+            ids = await asyncio.to_thread(engine.encode_chat, messages, plan.tools or None, images)
+        else:  # earlier replies as the ids they were generated as (serve/reply_ids.py)
+            ids = await asyncio.to_thread(
+                encode_chat_with_replies, engine.tokenizer, messages, plan.tools or None,
+                engine.cfg.add_bos, replies, salt,
+            )  # fmt: skip
     except ImageInputError as e:
         raise APIError(400, str(e), e.param, "invalid_image") from None
     except EngineError as e:
         raise APIError(400, str(e), e.param) from None
+    except (ValueError, AttributeError, TypeError) as e:  # the template refused a message
+        raise APIError(400, str(e), "messages") from None
     if max_tokens is None:
         max_tokens = max(1, min(DEFAULT_CHAT_MAX_TOKENS, engine.max_context - len(ids)))
+
+    def keep_reply(c: Completion, prompt: list[int]) -> None:
+        if c.finish_reason in ("stop", "length") and replies is not None:
+            msg, _ = assistant_message(engine.tokenizer, c, plan)
+            if isinstance(msg.get("content"), str) and not msg.get("tool_calls"):
+                replies.keep(engine.tokenizer, salt, prompt, msg["content"], c.token_ids)
+
     fmt = plan.constraint or await constraint(request, req)
     params = sampling_params(req, max_tokens, req.logprobs, req.top_logprobs or 0, fmt)
     h, q = await submit(
@@ -62,7 +79,9 @@ async def create_chat_completion(request: Request) -> Response:
         rename={"max_tokens": limit_field, "images": "messages"},
         images=images,
         cache_salt=salt,
+        on_done=None if replies is None else lambda c: keep_reply(c, ids),
     )
+
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion.chunk",

@@ -92,10 +92,12 @@ async def submit(
     rename: dict[str, str] | None = None,
     images: Sequence[Patches] = (),
     cache_salt: bytes | None = None,
+    on_done: Callable[[Completion], None] | None = None,
 ) -> tuple[RequestHandle, asyncio.Queue[Event]]:
     """Submit to the engine from a worker thread (tokenising a long prompt is CPU work) and return
     the handle and the queue its events arrive on. ``rename`` maps engine field names to the ones
-    the client sent (``max_tokens`` -> ``max_completion_tokens``); ``images``: the prompt's images."""
+    the client sent (``max_tokens`` -> ``max_completion_tokens``); ``images``: the prompt's images;
+    ``on_done``: called with the completion in the engine thread before its last event is queued."""
     st = server_state(request)
     loop = asyncio.get_running_loop()
     q: asyncio.Queue[Event] = asyncio.Queue()
@@ -116,6 +118,11 @@ async def submit(
         if ev.done is not None:
             st.limiter.release(who)
             try:
+                if on_done is not None:
+                    try:
+                        on_done(ev.done)
+                    except Exception:  # bookkeeping (a cache) never fails the request
+                        log.exception("on_done failed")
                 _finished(request, rec, start, submitted, first, ev.done)
             finally:
                 st.lifecycle.ended()

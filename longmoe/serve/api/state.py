@@ -15,6 +15,7 @@ from longmoe.serve.api.middleware import HTTPMetrics
 from longmoe.serve.api.security import ClientLimiter, KeyRing
 from longmoe.serve.engine import Engine
 from longmoe.serve.files.service import FileService
+from longmoe.serve.reply_ids import ReplyIds
 from longmoe.serve.structured import JsonGrammars
 
 DEFAULT_MAX_BODY = 1 << 20  # bytes
@@ -62,6 +63,7 @@ class ServerState:
     prometheus: Any = None  # the app's ServeMetrics (serve/api/metrics.py), set by create_app
     lifecycle: Any = None  # the app's Lifecycle (serve/api/lifecycle.py): readiness and drain
     tracer: Any = None  # an OpenTelemetry Tracer (serve/api/tracing.py) or None: traces off
+    replies: ReplyIds = field(default_factory=ReplyIds)  # chat replies' generated ids (serve/reply_ids.py)
     _grammars_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def json_grammars(self) -> JsonGrammars:
