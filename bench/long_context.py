@@ -417,7 +417,7 @@ def run_http(lengths: list[int], rounds: int, threads: int) -> dict:
             deadline = time.monotonic() + 300
             while True:
                 try:
-                    if httpx.get(url + "/health").status_code == 200:
+                    if httpx.get(url + "/ready").status_code == 200:  # /health is 200 while loading
                         break
                 except httpx.TransportError:
                     pass

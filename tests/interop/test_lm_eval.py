@@ -51,7 +51,7 @@ def served(tmp_path_factory):
     deadline = time.monotonic() + 120
     while True:
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:  # /health is 200 while loading
                 break
         except httpx.HTTPError:
             pass

@@ -112,7 +112,7 @@ def test_serve_command_with_env_api_key(model_dir):
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(url + "/health").status_code == 200:
+                if httpx.get(url + "/ready").status_code == 200:  # /health is 200 while loading
                     break
             except httpx.TransportError:
                 pass

@@ -39,7 +39,7 @@ def test_serve_token_limit_and_body_limit(model_dir):
         deadline = time.monotonic() + 90
         while True:
             try:
-                if httpx.get(url + "/health").status_code == 200:
+                if httpx.get(url + "/ready").status_code == 200:  # /health is 200 while loading
                     break
             except httpx.TransportError:
                 pass

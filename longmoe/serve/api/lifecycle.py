@@ -5,8 +5,8 @@ background warm-up has not produced its first graph (requests would run eagerly 
 the moment a drain starts (SIGTERM in ``longmoe serve``). While draining, ``DrainGate`` answers every
 new generation or tokenizer request with 503 and ``Retry-After`` (a load balancer or client retries it
 on another replica), while requests already admitted run to their end; the CLI then exits 0
-(serve/cli/serve.py). Before the model has loaded the port is not open at all, which every probe reads
-as not ready.
+(serve/cli/serve.py). While the model loads, ``longmoe serve`` already listens with ``Booting``:
+``/health`` 200, ``/ready`` 503 (reason ``loading``), every other route 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from longmoe.serve.api.state import server_state
 from longmoe.serve.engine import Engine
 
 RETRY_AFTER_S = 1  # what a drained replica tells a client: retry now, elsewhere
+LOADING_RETRY_AFTER_S = 5  # what a loading replica tells a client: the model takes a while
 _GATED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
@@ -97,3 +98,35 @@ class DrainGate:
             resp.headers["Retry-After"] = str(RETRY_AFTER_S)
             return await resp(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+class Booting:
+    """The ASGI app the port serves while the model loads, then (``start(app)``) the real one:
+    a load balancer's health check sees the process alive (``/health`` 200) but not ready
+    (``/ready`` 503), and a client that arrives early gets a retryable 503, not a refused connection.
+    """
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.app: ASGIApp | None = None
+
+    def start(self, app: ASGIApp) -> None:
+        self.app = app  # one reference swap: each request reads it once, at its start
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        app = self.app
+        if app is not None:
+            return await app(scope, receive, send)
+        if scope["type"] != "http":  # websockets: none are served
+            return None
+        path = scope["path"]
+        if path == "/health":
+            resp: Response = JSONResponse({"status": "loading", "model": self.model_name})
+        elif path == "/ready":
+            body = {"ready": False, "model": self.model_name, "reason": "loading"}
+            resp = JSONResponse(body, status_code=503)
+        else:
+            err = APIError(503, "the model is loading; retry shortly", None, "model_loading")
+            resp = error_response(err, close=True)
+            resp.headers["Retry-After"] = str(LOADING_RETRY_AFTER_S)
+        return await resp(scope, receive, send)

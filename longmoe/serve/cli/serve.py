@@ -4,7 +4,9 @@ Safety options (docs/serve.md, "Running it safely"): ``--api-key``, ``--allowed-
 ``--cors-origins``, ``--metrics-public``, ``--max-body-kb``, ``--body-timeout``,
 ``--max-connections``, ``--max-requests-per-client``. Operations (docs/deploy.md): ``--access-log``,
 ``--otlp-endpoint``, ``--drain-timeout``; SIGTERM drains (``/ready`` 503, new requests 503 with
-``Retry-After``, running ones finish) and exits 0; a second SIGTERM or SIGINT stops at once.
+``Retry-After``, running ones finish) and exits 0; a second SIGTERM or SIGINT stops at once. The port
+opens before the model loads: ``/health`` 200, ``/ready`` and the API 503 until the engine is built
+(``api.lifecycle.Booting``).
 Documents (docs/serve.md, "Documents"): ``--files-dir`` / ``--files-s3``, ``--api-keys``,
 ``--max-file-mb``, ``--max-files-per-key``, ``--max-storage-mb-per-key``."""
 
@@ -24,7 +26,7 @@ import uvicorn
 from longmoe.argtypes import port
 from longmoe.serve.api import create_app, uvicorn_config
 from longmoe.serve.api.app import DEFAULT_MAX_CONNECTIONS
-from longmoe.serve.api.lifecycle import Lifecycle, wait_drained
+from longmoe.serve.api.lifecycle import Booting, Lifecycle, wait_drained
 from longmoe.serve.api.security import KeyRing
 from longmoe.serve.api.state import DEFAULT_BODY_TIMEOUT_S, LOCAL_HOSTS
 from longmoe.serve.cli.options import add_engine_arguments, engine_from_args
@@ -161,11 +163,6 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as e:
         print(f"longmoe serve: error: {e}", file=sys.stderr)
         return 2
-    try:
-        engine = engine_from_args(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"longmoe serve: error: {e}", file=sys.stderr)
-        return 2
     key: str | KeyRing | None = (
         args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     )
@@ -178,6 +175,40 @@ def run(args: argparse.Namespace) -> int:
         print(f"longmoe serve: error: {e}", file=sys.stderr)
         return 2
     hosts = allowed_hosts(args.host, args.allowed_hosts)
+    # the port opens before the model loads: /health 200, /ready and the API 503 until it is built
+    booting = Booting(name)
+    server = uvicorn.Server(
+        uvicorn_config(booting, args.host, args.port, args.max_connections, args.log_level)
+    )
+    engines: list[Engine] = []
+
+    def http() -> None:
+        try:
+            server.run()
+        finally:
+            for e in engines:
+                e.stop()  # wakes run_forever (the port taken, or a shutdown)
+
+    th = threading.Thread(target=http, name="longmoe-http", daemon=True)
+    th.start()
+    while not server.started and th.is_alive():  # a taken port fails here, before the model loads
+        time.sleep(0.01)
+    if not th.is_alive():
+        return 1
+    print(f"listening on http://{args.host}:{args.port}; loading the model ({args.model})", flush=True)
+    previous = signal.signal(signal.SIGTERM, _quit_while_loading)
+    try:
+        engine = engine_from_args(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"longmoe serve: error: {e}", file=sys.stderr)
+        return _stop_http(server, th, 2)
+    except SystemExit:
+        return _stop_http(server, th, 0)
+    except KeyboardInterrupt:
+        return _stop_http(server, th, 130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    engines.append(engine)
     app = create_app(
         engine,
         model_name=name,
@@ -204,23 +235,40 @@ def run(args: argparse.Namespace) -> int:
         print(
             "note: bound to every interface; add this machine's names with --allowed-hosts", file=sys.stderr
         )
-    server = uvicorn.Server(uvicorn_config(app, args.host, args.port, args.max_connections, args.log_level))
+    booting.start(app)
     try:
         with engine:
-            return serve_on_main_thread(engine, server, app.state.server.lifecycle, args.drain_timeout)
+            if not th.is_alive():  # the server stopped while the model loaded
+                return 1
+            return serve_on_main_thread(engine, server, app.state.server.lifecycle, args.drain_timeout, th)
     finally:
         if tracer is not None:
             tracer.shutdown()
 
 
+def _quit_while_loading(signum: int, frame: object) -> None:
+    raise SystemExit(0)  # nothing is in flight yet: a SIGTERM while loading is a clean stop
+
+
+def _stop_http(server: uvicorn.Server, th: threading.Thread, code: int) -> int:
+    server.should_exit = True
+    th.join(timeout=30)
+    return code
+
+
 def serve_on_main_thread(
-    engine: Engine, server: uvicorn.Server, lifecycle: Lifecycle | None = None, drain_timeout: float = 0.0
+    engine: Engine,
+    server: uvicorn.Server,
+    lifecycle: Lifecycle | None = None,
+    drain_timeout: float = 0.0,
+    th: threading.Thread | None = None,
 ) -> int:
     """The engine's steps on this (main) thread, where the model was loaded, and uvicorn on another:
     with OpenMP, a second thread running the model pays ~30 µs more per parallel region (engine.py,
     docs/serve.md). The first SIGTERM drains (with a ``lifecycle``): ``/ready`` and new requests 503,
     running requests get ``drain_timeout`` seconds to finish, then both stop. SIGINT, or a second
-    SIGTERM, stops at once; if the server cannot start or stops, so does the engine."""
+    SIGTERM, stops at once; if the server cannot start or stops, so does the engine. ``th``: the
+    thread already running ``server`` (whose exit must stop the engine), else one is started here."""
 
     def http() -> None:
         try:
@@ -253,8 +301,9 @@ def serve_on_main_thread(
         threading.Thread(target=drain, name="longmoe-drain", daemon=True).start()
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    th = threading.Thread(target=http, name="longmoe-http", daemon=True)
-    th.start()
+    if th is None:
+        th = threading.Thread(target=http, name="longmoe-http", daemon=True)
+        th.start()
     try:
         engine.run_forever()
     finally:
