@@ -6,6 +6,8 @@ per salt, and never substitutes a text the client edited."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -138,3 +140,22 @@ def test_a_reply_that_re_encodes_differently_is_fully_reused_next_turn(space_ser
     wait_idle(engine)
     edited = turn(url, chat("tell me about the garden, the river and the hills", reply[:-2] + "x", "and?"))
     assert edited["usage"]["prompt_tokens_details"]["cached_tokens"] < u1["prompt_tokens"] + 16
+
+
+def test_a_streamed_reply_is_kept_too(space_server):
+    engine, _, url = space_server
+    opening = "a streamed question about the mountains and the sea"
+    body = {"model": "tiny", "messages": chat(opening), "max_tokens": 40, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    text, first = "", None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                j = json.loads(line[6:])
+                first = j.get("usage") or first
+                text += "".join(c["delta"].get("content") or "" for c in j["choices"])
+    assert text == SPACES and first is not None
+    wait_idle(engine)
+    second = turn(url, chat(opening, text, "and?"))
+    want = first["prompt_tokens"] + first["completion_tokens"] - 1
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == want
