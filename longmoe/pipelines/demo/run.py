@@ -90,7 +90,7 @@ def run_demo(cfg: DemoConfig) -> DemoResult:
     evals = []
     for n in windows + [2 * windows[-1]]:  # every stage's window, and twice the longest
         loss = trainer.evaluate(n)
-        uni = unigram_loss(trainer.tok, torch.cat([b["labels"] for b in trainer.val_cache[n]], 1))
+        uni = unigram_loss(trainer.tok, torch.cat([b.labels for b in trainer.val_cache[n]], 1))
         evals.append(LengthEval(n, loss, uni, beyond_training=n > windows[-1]))
         print(f"[demo] val loss @ {n}: {loss:.3f}  (unigram {uni:.3f})", file=sys.stderr)
     completion = sample(cfg.run_dir / FINAL_DIR, cfg.sample_prompt, cfg.sample_tokens)
