@@ -21,8 +21,8 @@ import torch
 from bench.tables import table_sha256, write_all
 from longmoe.data.corpus import stdlib_documents
 from longmoe.data.tokenizer import Tokenizer
-from longmoe.provenance import DirtyTreeError, require_clean
-from longmoe.provenance import provenance as shared_provenance
+from longmoe.report.provenance import DirtyTreeError, require_clean
+from longmoe.report.provenance import provenance as shared_provenance
 from longmoe.runtime import retain_freed_memory
 
 MALLOC_TUNED = retain_freed_memory()  # every benchmark, both peers: see longmoe/runtime.py
@@ -108,7 +108,7 @@ def _program() -> str:
 
 
 def provenance() -> dict:
-    """Where a result came from: what ``longmoe report`` prints beside each number (longmoe/reportcard.py).
+    """Where a result came from: what ``longmoe report`` prints beside each number (longmoe/report/card.py).
 
     The commit is the one checked when the benchmark started (the run's own table writes dirty the tree
     after that); a caller that is not a benchmark script is checked now. Either refuses

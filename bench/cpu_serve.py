@@ -45,7 +45,7 @@ from bench import cpu_peer
 from bench.common import RESULTS, gemm_roofline, markdown_table, write_results
 from bench.cpu_floor import active_bytes, prefill_flops, read_bandwidth, rss_bytes, weight_bytes
 from longmoe.checkpoint import load_model
-from longmoe.provenance import load_average
+from longmoe.report.provenance import load_average
 from longmoe.runtime import release_freed_memory
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams

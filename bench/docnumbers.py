@@ -4,7 +4,7 @@ A number with a unit of a result (×, x, ms, tok/s, s, %, GB/MB/KB and their bin
 docs/*.md is *covered* when it is
 
 - inside a block a script writes, ``<!-- NAME:start -->`` .. ``<!-- NAME:end -->`` (``bench/tables.py``
-  rewrites them and ``tests/test_report_tables.py`` checks them), or
+  rewrites them and ``tests/report/test_report_tables.py`` checks them), or
 - followed on its line, before the next number, by a citation ``<!-- from: PATH#KEY -->``: PATH a JSON file
   in the repository, KEY a dotted path into it (list items by index; ``KEY*1000`` scales the value, e.g.
   seconds to ms; a number printed with ``%`` reads a fraction, so the value is multiplied by 100). The
@@ -128,7 +128,7 @@ def check_citation(f: Found, root: Path = ROOT) -> str | None:
 
 GENERATED = {
     "report.md"
-}  # written whole by `longmoe report`; tests/test_report_tables.py checks it byte for byte
+}  # written whole by `longmoe report`; tests/report/test_report_tables.py checks it byte for byte
 
 
 def all_found(root: Path = ROOT) -> list[Found]:

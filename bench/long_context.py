@@ -469,7 +469,7 @@ def http_table(res: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ main
 def plot(res: dict) -> None:
-    from longmoe.plotting import pyplot
+    from longmoe.report.plotting import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))

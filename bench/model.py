@@ -20,8 +20,8 @@ import warnings
 import torch
 
 from bench.common import gemm_roofline, markdown_table, timeit, write_results
+from longmoe.cli.inspect import report
 from longmoe.config import FFNConfig, ModelConfig
-from longmoe.inspect_cli import report
 from longmoe.model import LongMoE
 
 VOCAB, D, L, HEADS, HD = 2048, 256, 8, 4, 64

@@ -7,11 +7,11 @@ A table lives between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``; its sou
   SHA-256, checked here, so a table cannot drift from its JSON);
 - ``demo`` and ``recall``: ``docs/results/demo_results.json``, through the demo's own renderers
   (``longmoe.pipelines.demo.report``);
-- ``headline``: the README's headline numbers, ``longmoe.reportcard.headline_table`` over every result JSON.
+- ``headline``: the README's headline numbers, ``longmoe.report.card.headline_table`` over every result JSON.
 
 ``python -m bench.tables`` rewrites them all; ``--check`` writes nothing and exits 1 naming each stale
-table (``tests/test_report_tables.py`` runs it in ``make test``); ``--demo RUN_DIR`` first copies a new demo
-run's ``report.json`` to ``docs/results/demo_results.json``.
+table (``tests/report/test_report_tables.py`` runs it in ``make test``); ``--demo RUN_DIR`` first
+copies a new demo run's ``report.json`` to ``docs/results/demo_results.json``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from longmoe.reportcard import ReportError, collect, default_dirs, headline_table
+from longmoe.report.card import ReportError, collect, default_dirs, headline_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -3,7 +3,7 @@ vision encoder's cost per image.
 
 Nothing is instantiated (the flagship has trillions of parameters); every count comes from the
 layers' own ``param_count`` formulas and ``MoELayer.analytic_param_counts``, and the tests check them
-against real modules on the tiny preset. ``longmoe inspect`` (``inspect_cli.py``) prints them.
+against real modules on the tiny preset. ``longmoe inspect`` (``cli/inspect.py``) prints them.
 """
 
 from __future__ import annotations

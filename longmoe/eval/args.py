@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from longmoe.argtypes import device
+from longmoe.cli.argtypes import device
 from longmoe.ops.quant import MODES as QUANT_MODES
 
 

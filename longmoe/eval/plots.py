@@ -1,4 +1,4 @@
-"""Plots of eval results (``longmoe.plotting.pyplot``: Agg, files only, matplotlib imported lazily).
+"""Plots of eval results (``longmoe.report.plotting.pyplot``: Agg, files only, matplotlib imported lazily).
 
 - ``heatmap``: accuracy of one task by length (x) and needle depth (y).
 - ``accuracy_vs_length``: one panel per task, one line per run (compare models or layer patterns).
@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from longmoe.plotting import pyplot
+from longmoe.report.plotting import pyplot
 
 
 def _len_label(n: int) -> str:

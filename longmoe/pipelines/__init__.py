@@ -7,7 +7,7 @@ A pipeline is a package with
 - ``config.py``: a typed, validated config (a dataclass) — what to run;
 - ``run.py``: the run itself, config in, a typed result (dataclasses, in ``result.py``) out;
   every pipeline resumes: finished steps leave files that a rerun reads instead of redoing the work;
-- ``report.py``: renders a result to Markdown, JSON and plots (through ``longmoe.plotting.pyplot``),
+- ``report.py``: renders a result to Markdown, JSON and plots (through ``longmoe.report.plotting.pyplot``),
   with no training or evaluation in it;
 - a recipe module (``add_arguments`` / ``run``) registered in ``recipe.RECIPES``; ``recipe.py`` holds
   what every recipe shares (``--quick``, ``--out``, the one-line ``RecipeError``, provenance).

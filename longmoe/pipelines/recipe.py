@@ -5,7 +5,7 @@ like a ``longmoe`` command; what every recipe repeats lives here: the ``--quick`
 (``add_common_arguments``), the config error (``RecipeError``, printed as one line by ``longmoe``), the
 ``python -m longmoe.pipelines.<name>`` alias (``main``) and, after a successful run, the run's provenance
 (commit, date, machine, threads, command, wall time) in ``OUT/provenance.json``.
-Plots go through ``longmoe.plotting.pyplot()``; no recipe sets a matplotlib backend at import.
+Plots go through ``longmoe.report.plotting.pyplot()``; no recipe sets a matplotlib backend at import.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from longmoe.errors import UserError
-from longmoe.provenance import provenance
+from longmoe.report.provenance import provenance
 
 PROVENANCE_FILE = "provenance.json"  # written into a recipe's --out after a successful run
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from longmoe.plotting import pyplot
+from longmoe.report.plotting import pyplot
 from longmoe.runlog import read_metrics
 
 PANELS = (

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from longmoe import checkpoint as ckpt
-from longmoe.argtypes import positive_float, positive_int
+from longmoe.cli.argtypes import positive_float, positive_int
 from longmoe.config import ConfigError, ModelConfig
 from longmoe.configio import load_json
 from longmoe.data.stages import CurriculumStage, tiny_curriculum

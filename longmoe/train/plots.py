@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from longmoe.plotting import pyplot
+from longmoe.report.plotting import pyplot
 from longmoe.runlog import read_metrics
 
 log = logging.getLogger(__name__)

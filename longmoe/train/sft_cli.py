@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from longmoe.argtypes import positive_int
+from longmoe.cli.argtypes import positive_int
 from longmoe.data.stages import CurriculumStage
 from longmoe.envs import ENVS
 from longmoe.errors import UserError

@@ -11,7 +11,7 @@ from pathlib import Path
 from longmoe.pipelines.ablations.config import ARMS, DEPTHS, AblationConfig
 from longmoe.pipelines.ablations.probes import FP32_EXP_LIMIT
 from longmoe.pipelines.ablations.result import Check, RunResult, mean_se, paired_diff
-from longmoe.plotting import pyplot
+from longmoe.report.plotting import pyplot
 
 BALANCE_MIN_SEEDS = 5  # paired seeds before the balancers' loss cost gets a verdict
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from longmoe.argtypes import positive_int
+from longmoe.cli.argtypes import positive_int
 from longmoe.pipelines.agent.config import AgentRecipeConfig
 from longmoe.pipelines.agent.parallel import run_parallel
 from longmoe.pipelines.agent.run import report_so_far, run_recipe

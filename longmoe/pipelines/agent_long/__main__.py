@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from longmoe.argtypes import positive_int
+from longmoe.cli.argtypes import positive_int
 from longmoe.pipelines.agent_long.config import ARMS, AgentLongConfig
 from longmoe.pipelines.agent_long.run import run_recipe
 from longmoe.pipelines.recipe import add_common_arguments, config_error

@@ -13,7 +13,7 @@ import numpy as np
 from longmoe.pipelines.agent.report import episode_success, paired_difference, rl_summary
 from longmoe.pipelines.agent.run import EVALS
 from longmoe.pipelines.agent_long.config import CURRICULUM, AgentLongConfig
-from longmoe.plotting import pyplot
+from longmoe.report.plotting import pyplot
 
 TIMING = "timing.json"  # RUN/timing.json: wall seconds and threads of each stage (the CPU hours)
 

@@ -30,7 +30,7 @@ from longmoe.pipelines.demo.recall import run_recall
 from longmoe.pipelines.demo.report import render_report
 from longmoe.pipelines.demo.result import DemoResult, LengthEval, Sample, StageResult
 from longmoe.presets import preset
-from longmoe.provenance import provenance
+from longmoe.report.provenance import provenance
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 from longmoe.train.config import TrainConfig

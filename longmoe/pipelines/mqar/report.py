@@ -19,7 +19,7 @@ from longmoe.pipelines.mqar.checks import answers, chance, se
 from longmoe.pipelines.mqar.config import SweepConfig
 from longmoe.pipelines.mqar.result import RunResult, SweepResult
 from longmoe.pipelines.mqar.seeds import test_seed
-from longmoe.plotting import pyplot
+from longmoe.report.plotting import pyplot
 from longmoe.tasks.mqar import max_distance, mqar
 
 REPORT_MD = "report.md"

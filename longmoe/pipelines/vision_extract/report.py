@@ -11,7 +11,7 @@ from longmoe.eval.extract.harness import f1_with_interval, flatten, parse_answer
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig
 from longmoe.pipelines.vision_extract.result import VisionExtractResult
 from longmoe.pipelines.vision_extract.train import curve_family
-from longmoe.plotting import pyplot
+from longmoe.report.plotting import pyplot
 
 
 def _pm(c: dict, m: str) -> str:

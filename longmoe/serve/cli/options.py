@@ -14,7 +14,7 @@ import re
 import types
 import typing
 
-from longmoe.argtypes import device
+from longmoe.cli.argtypes import device
 from longmoe.ops.quant import MODES as QUANT_MODES
 from longmoe.serve.engine import Engine
 from longmoe.serve.engine_config import EngineConfig

@@ -23,7 +23,7 @@ import time
 
 import uvicorn
 
-from longmoe.argtypes import port
+from longmoe.cli.argtypes import port
 from longmoe.serve.api import create_app, uvicorn_config
 from longmoe.serve.api.app import DEFAULT_MAX_CONNECTIONS
 from longmoe.serve.api.lifecycle import Booting, Lifecycle, wait_drained

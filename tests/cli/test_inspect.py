@@ -7,8 +7,8 @@ import json
 import pytest
 
 from longmoe.accounting import param_counts
+from longmoe.cli.inspect import format_report, report
 from longmoe.config import FFNConfig, VisionConfig
-from longmoe.inspect_cli import format_report, report
 from longmoe.memory import cache_accounting
 from longmoe.model import LongMoE
 from longmoe.presets import preset

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from longmoe.provenance import DirtyTreeError, git_commit, peer_versions, provenance, require_clean
+from longmoe.report.provenance import DirtyTreeError, git_commit, peer_versions, provenance, require_clean
 
 
 def _git(root, *args: str) -> None:

@@ -1,4 +1,5 @@
-"""The single entry point: ``longmoe <command>``.
+"""The single entry point: ``longmoe <command>``; this package also holds the package root's own
+command (``inspect.py``: ``longmoe inspect``) and the argparse types every command shares (``argtypes.py``).
 
 Each command lives in its own module, which defines ``add_arguments(parser)`` and ``run(args) -> int``.
 Modules are imported only when their command is used, so ``longmoe --help`` stays fast (the serving
@@ -23,7 +24,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, the shell convention
 # name -> (module path, one-line help). Add a command by adding a line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "version": ("longmoe.cli", "print the longmoe version"),
-    "inspect": ("longmoe.inspect_cli", "parameter, sparsity and cache-memory accounting for a config"),
+    "inspect": ("longmoe.cli.inspect", "parameter, sparsity and cache-memory accounting for a config"),
     "train": ("longmoe.train.cli", "pretrain a model through a context curriculum"),
     "sft": ("longmoe.train.sft_cli", "fine-tune a pretrained run on expert tool-use demonstrations"),
     "plot": ("longmoe.train.plots", "render loss/balance plots for a training run directory"),
@@ -38,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("longmoe.eval.cli", "evaluation: long-context tasks and ppl, agent episodes, extraction"),
     "rl": ("longmoe.rl.cli", "agentic RL (rollouts through the engine, GiGPO-style advantages, PPO + KL)"),
     "convert": ("longmoe.interop.cli", "convert transformers Kimi-Linear checkpoints to longmoe and back"),
-    "report": ("longmoe.reportcard", "one report card (report.md) from every committed result JSON"),
+    "report": ("longmoe.report.card", "one report card (report.md) from every committed result JSON"),
 }
 
 
@@ -112,7 +113,3 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())  # one line
         print(f"longmoe {command}: error: {message or type(e).__name__}", file=sys.stderr)
         return EXIT_USAGE
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

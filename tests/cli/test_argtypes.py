@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from longmoe.argtypes import MAX_PORT, device, port, positive_float, positive_int
+from longmoe.cli.argtypes import MAX_PORT, device, port, positive_float, positive_int
 
 
 @given(st.integers())

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from longmoe.reportcard import NOT_RECORDED, ReportError, collect, headline_table, provenance, render, run
+from longmoe.report.card import NOT_RECORDED, ReportError, collect, headline_table, provenance, render, run
 
 
 def _write(d: Path, name: str, payload: object) -> Path:
@@ -118,7 +118,7 @@ def test_headlines_carry_model_value_baseline_noise_and_source_with_its_commit(t
 def test_a_readme_headline_without_model_or_range_breaks_the_rules(
     tmp_path, monkeypatch, model, noise_kind, broken
 ):
-    from longmoe import headlines
+    from longmoe.report import headlines
 
     h = headlines.Headline("x", "1", "peer 2", "noise", readme=True, model=model, noise_kind=noise_kind)
     assert any(broken in v for v in headlines.violations(h))
@@ -130,7 +130,7 @@ def test_a_readme_headline_without_model_or_range_breaks_the_rules(
 
 
 def test_speculative_headline_is_the_median_over_every_cell_not_the_best():
-    from longmoe.headlines import _spec
+    from longmoe.report.headlines import _spec
 
     runs = [{"case": "none", "speedup_median": m, "draft": "d", "k": 1, "batch": 1, "acceptance": 0.9,
              "speedup_rounds": [m]} for m in (0.5, 0.8, 1.0, 1.2, 3.0)]  # fmt: skip
@@ -139,7 +139,7 @@ def test_speculative_headline_is_the_median_over_every_cell_not_the_best():
 
 
 def test_rollout_headline_keeps_the_episode_counts_where_sessions_lose():
-    from longmoe.headlines import _rollout
+    from longmoe.report.headlines import _rollout
 
     rows = [{"mode": m, "episodes": n, "speedup_vs_reprefill": s, "tok_s": 1.0}
             for n, s in ((1, 1.7), (8, 1.2), (32, 0.89)) for m in ("session", "re-prefill")]  # fmt: skip
@@ -148,7 +148,7 @@ def test_rollout_headline_keeps_the_episode_counts_where_sessions_lose():
 
 
 def test_kda_headline_reads_against_the_peers_faster_setting():
-    from longmoe.headlines import _kda
+    from longmoe.report.headlines import _kda
 
     row = {"T": 4096, "dtype": "float32", "fwd_s": {"longmoe": 0.01, "transformers chunk64": 0.2,
            "transformers chunk16": 0.05}, "speedup_fwd": {"transformers chunk64": 20.0}}  # fmt: skip
@@ -166,10 +166,9 @@ def test_check_exits_1_when_the_report_is_stale_and_0_once_written(tmp_path, cap
 
 
 def test_the_report_card_imports_no_torch():
-    code = "import sys, longmoe.reportcard; sys.exit('torch' in sys.modules)"
+    code = "import sys, longmoe.report.card; sys.exit('torch' in sys.modules)"
     assert (
-        subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent).returncode
-        == 0
+        subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2]).returncode == 0
     )
 
 
@@ -183,13 +182,13 @@ def test_the_report_card_imports_no_torch():
     ],
 )
 def test_faster_names_the_winner_with_enough_digits_to_see_the_gap(ours, peer, lower, says):
-    from longmoe.headlines import _faster
+    from longmoe.report.headlines import _faster
 
     assert _faster(ours, peer, "llama.cpp", lower) == says
 
 
 def test_agent_headline_is_the_paired_rl_minus_sft_beside_sft_with_the_seed_spread():
-    from longmoe.headlines import _agent
+    from longmoe.report.headlines import _agent
 
     agent = {
         "config": {"env": "calculator"},

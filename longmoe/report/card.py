@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.errors import UserError
-from longmoe.headlines import HEADLINES, Headline, violations
+from longmoe.report.headlines import HEADLINES, Headline, violations
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIRS = ("bench/results", "docs/results")  # relative to the repository root
@@ -114,7 +114,7 @@ def headlines(r: Result) -> list[Headline]:
         hs = fn(r.data)
     except (KeyError, TypeError, ValueError, StopIteration, ZeroDivisionError) as e:
         raise ReportError(f"{r.path}: headline numbers not found ({type(e).__name__}: {e})") from None
-    for h in hs:  # the headline rules (longmoe/headlines.py, docs/benchmarks.md)
+    for h in hs:  # the headline rules (longmoe/report/headlines.py, docs/benchmarks.md)
         if bad := violations(h):
             raise ReportError(f"{r.path}: README headline {h.label!r} {'; '.join(bad)}")
     return hs
@@ -162,7 +162,9 @@ def render(results: list[Result], root: Path = ROOT) -> str:
             lines += [_row(["measure", "model", "value", "baseline", "noise"]), "|---|---|---|---|---|"]
             lines += [_row([h.label, h.model or NOT_RECORDED, h.value, h.baseline, h.noise]) for h in hs]
         else:
-            lines.append("No headline numbers defined for this file (`longmoe/headlines.py` HEADLINES).")
+            lines.append(
+                "No headline numbers defined for this file (`longmoe/report/headlines.py` HEADLINES)."
+            )
         p = provenance(r.data)
         lines += ["", "Provenance: " + "; ".join(f"{k} {p[k]}" for k in PROVENANCE_FIELDS), ""]
     if smoke:

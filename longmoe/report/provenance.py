@@ -1,7 +1,7 @@
 """Where a result came from: commit, date, machine, threads, command, wall time and peer versions.
 
 Every benchmark JSON (``bench/common.py``) and every recipe run (``longmoe recipe``: ``OUT/provenance.json``)
-records this, and ``longmoe report`` prints it beside each number (``longmoe/reportcard.py``). A result
+records this, and ``longmoe report`` prints it beside each number (``longmoe/report/card.py``). A result
 written from a tree with uncommitted changes cannot be traced to code, so writers refuse one unless told
 ``--allow-dirty`` (``require_clean``), and the commit then reads ``<hash>+dirty``.
 """

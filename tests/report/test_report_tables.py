@@ -11,9 +11,9 @@ import pytest
 
 from bench import tables
 from longmoe.errors import UserError
-from longmoe.reportcard import collect, default_dirs, render
+from longmoe.report.card import collect, default_dirs, render
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readme_and_benchmark_tables_match_the_committed_results():
