@@ -18,9 +18,8 @@ CFG = RolloutConfig(group_size=3, max_turn_tokens=12, max_episode_tokens=512, se
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir):
-    with Engine.from_dir(model_dir, prefill_chunk=32, max_batch=16) as e:
-        yield e
+def engine(make_engine):
+    return make_engine(prefill_chunk=32, max_batch=16)
 
 
 def test_layout_and_masks(engine):

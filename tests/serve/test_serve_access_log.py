@@ -24,10 +24,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir):
-    e = Engine.from_dir(model_dir, prefill_chunk=16)
-    yield e
-    e.close()
+def engine(make_engine):
+    return make_engine(prefill_chunk=16)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ from fastapi.testclient import TestClient
 
 from longmoe.serve.api import create_app
 from longmoe.serve.api.lifecycle import Lifecycle
-from longmoe.serve.engine import Engine
 from tests.helpers.serve_proc import serve_process
 
 STREAM = {
@@ -33,10 +32,8 @@ STREAM = {
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir):
-    e = Engine.from_dir(model_dir)
-    yield e
-    e.close()
+def engine(make_engine):
+    return make_engine()
 
 
 def test_ready_until_drain_then_new_work_is_refused(engine):

@@ -14,7 +14,7 @@ from longmoe.serve.detok import CONTEXT_TOKENS, MAX_WINDOW
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.errors import EngineError
 from longmoe.serve.sampling import SamplerState, SamplingError, SamplingParams, process_logits
-from tests.helpers.models import MAX_CONTEXT, VOCAB
+from tests.helpers.models import MAX_CONTEXT, VOCAB, tiny_model
 
 PROMPTS = ["import os", "class Foo(object):\n    def", "x = [1, 2, 3]\nfor", "def main(argv):\n    return"]
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
@@ -68,17 +68,12 @@ def test_batched_equals_solo_with_interleaved_prefill(engine):
     assert engine.stats()["steps"] > 0
 
 
-def test_seed_reproduces_and_differs():
-    from tests.helpers.models import tiny_model
-    from tests.helpers.tokenizer import tokenizer_for_tests
-
-    with Engine(tiny_model(), tokenizer_for_tests(VOCAB)) as e:
-        s = lambda seed: SamplingParams(
-            max_tokens=12, temperature=1.5, top_p=0.95, seed=seed, ignore_eos=True
-        )
-        a, b, c = (e.generate("hello", s(k)).token_ids for k in (7, 7, 8))
-        assert a == b
-        assert a != c
+def test_seed_reproduces_and_differs(make_engine):
+    e = make_engine(tiny_model())  # the default EngineConfig, the model in memory
+    s = lambda seed: SamplingParams(max_tokens=12, temperature=1.5, top_p=0.95, seed=seed, ignore_eos=True)
+    a, b, c = (e.generate("hello", s(k)).token_ids for k in (7, 7, 8))
+    assert a == b
+    assert a != c
 
 
 def test_stop_strings_cut_and_stream_concatenates(engine):

@@ -25,9 +25,8 @@ def ids(n: int, seed: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def plain(model_dir):
-    with Engine.from_dir(model_dir, prefill_chunk=16, prefix_cache=False) as e:
-        yield e
+def plain(make_engine):
+    return make_engine(prefill_chunk=16, prefix_cache=False)
 
 
 def reuse_engine(model_dir, **kw) -> Engine:

@@ -12,12 +12,12 @@ import torch
 
 from longmoe.data.chat import END, TOOL_CALL
 from longmoe.serve.api.tools import ToolPlan, ToolStream, assistant_message
-from longmoe.serve.engine import Engine, EngineConfig
+from longmoe.serve.engine import Engine
 from longmoe.serve.request import Completion, Event
 from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.structured import JsonGrammars
 from longmoe.serve.tool_calls import BannedTokens, ForcedCall, call_schema, forced_call, no_call
-from tests.helpers.models import VOCAB, tiny_model
+from tests.helpers.models import VOCAB
 from tests.helpers.tokenizer import tokenizer_for_tests
 from tests.serve.test_serve_structured import validate
 
@@ -53,10 +53,8 @@ SCHEMAS = {t["function"]["name"]: t["function"].get("parameters", {"type": "obje
 
 
 @pytest.fixture(scope="module")
-def engine():
-    e = Engine(tiny_model(), tokenizer_for_tests(VOCAB), EngineConfig(max_batch=64))
-    yield e
-    e.close()
+def engine(make_engine):
+    return make_engine(max_batch=64)
 
 
 @pytest.fixture(scope="module")
