@@ -75,6 +75,16 @@ def test_a_successful_run_records_its_provenance(tmp_path, monkeypatch):
     assert main(["recipe", "fake", "--out", str(tmp_path / "ok")]) == 0
     p = json.loads((tmp_path / "ok" / recipe.PROVENANCE_FILE).read_text())
     assert p["command"] == f"longmoe recipe fake --out {tmp_path / 'ok'}" and p["wall_s"] >= 0
-    assert set(p) == {"commit", "date", "machine", "threads", "command", "wall_s"}
+    assert set(p) == {
+        "commit",
+        "date",
+        "machine",
+        "threads",
+        "command",
+        "wall_s",
+        "cpu_s",
+        "load_average_at_end",
+        "peers",
+    }  # the record longmoe/report/provenance.py writes for every result
     assert main(["recipe", "fake", "--quick", "--out", str(tmp_path / "failed")]) == 1
     assert not (tmp_path / "failed" / recipe.PROVENANCE_FILE).exists()
