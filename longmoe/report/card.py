@@ -21,7 +21,7 @@ from typing import Any
 from longmoe.errors import UserError
 from longmoe.report.headlines import HEADLINES, Headline, violations
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (longmoe/report/card.py)
 DEFAULT_DIRS = ("bench/results", "docs/results")  # relative to the repository root
 NOT_RECORDED = "not recorded"
 PROVENANCE_FIELDS = ("commit", "date", "machine", "threads", "command", "wall_s", "peers")

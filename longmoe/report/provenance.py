@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent  # the checkout when longmoe runs from one
+REPO = Path(__file__).resolve().parents[2]  # the checkout when longmoe runs from one (longmoe/report/)
 # the packages a result is read against (peers) or run on; a missing one is left out
 PEER_PACKAGES = ("torch", "transformers", "flash-linear-attention", "llama-cpp-python", "gguf")
 

@@ -44,3 +44,12 @@ def test_the_record_carries_every_field_and_the_peer_versions():
     assert rec["commit"] == "abc123" and rec["command"] == "python -m bench.x"
     assert {"date", "machine", "threads", "wall_s", "cpu_s", "load_average_at_end", "peers"} <= set(rec)
     assert rec["peers"] == peer_versions() and "torch" in rec["peers"]
+
+
+def test_repository_roots_are_the_checkout():
+    """The reporting modules live in ``longmoe/report/``: their repository root is two folders up (after the
+    move it was ``longmoe/``, and ``longmoe report`` found no ``bench/results`` by default)."""
+    from longmoe.report import card, provenance
+
+    for root in (card.ROOT, provenance.REPO):
+        assert (root / "pyproject.toml").is_file() and (root / "bench" / "results").is_dir()
