@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from longmoe.errors import UserError
-from longmoe.report.headlines import HEADLINES, Headline, violations
+from longmoe.report.headlines import HEADLINES
+from longmoe.report.rules import Headline, violations
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (longmoe/report/card.py)
 DEFAULT_DIRS = ("bench/results", "docs/results")  # relative to the repository root

@@ -118,11 +118,11 @@ def test_headlines_carry_model_value_baseline_noise_and_source_with_its_commit(t
 def test_a_readme_headline_without_model_or_range_breaks_the_rules(
     tmp_path, monkeypatch, model, noise_kind, broken
 ):
-    from longmoe.report import headlines
+    from longmoe.report import headlines, rules
 
-    h = headlines.Headline("x", "1", "peer 2", "noise", readme=True, model=model, noise_kind=noise_kind)
-    assert any(broken in v for v in headlines.violations(h))
-    assert headlines.violations(headlines.Headline("x", "1", "peer 2", "one run")) == []  # report card only
+    h = rules.Headline("x", "1", "peer 2", "noise", readme=True, model=model, noise_kind=noise_kind)
+    assert any(broken in v for v in rules.violations(h))
+    assert rules.violations(rules.Headline("x", "1", "peer 2", "one run")) == []  # report card only
     monkeypatch.setitem(headlines.HEADLINES, "quant", lambda d: [h])
     p = _write(tmp_path, "quant", QUANT)
     with pytest.raises(ReportError, match=f"{p}: README headline 'x' .*{broken}"):
