@@ -41,6 +41,11 @@ class ServeProcess:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
 
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM and the exit status (0 after a clean drain)."""
+        self.terminate()
+        return self.proc.wait(timeout=timeout)
+
 
 def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = START_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
@@ -58,12 +63,14 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = STA
 
 
 @contextlib.contextmanager
-def serve_process(model_dir: Path, *args: str, threads: int = 1) -> Iterator[ServeProcess]:
-    """``longmoe serve --model model_dir --port P *args`` until the block ends (SIGTERM, then SIGKILL
-    after 30 s if it has not exited)."""
+def serve_process(
+    model_dir: Path, *args: str, threads: int = 1, env: dict[str, str] | None = None
+) -> Iterator[ServeProcess]:
+    """``longmoe serve --model model_dir --port P *args`` (``env`` added to the environment) until the
+    block ends (SIGTERM, then SIGKILL after 30 s if it has not exited)."""
     port = free_port()
     cmd = [sys.executable, "-m", "longmoe", "serve", "--model", str(model_dir), "--port", str(port), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), **(env or {})}
     with tempfile.NamedTemporaryFile("wb", prefix="longmoe-serve-", suffix=".log", delete=False) as f:
         log = Path(f.name)
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)

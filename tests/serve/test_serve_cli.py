@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from longmoe.cli import build_parser, main
 from longmoe.serve.sampling import SamplingParams
+from tests.helpers.serve_proc import serve_process
 
 
 @pytest.fixture(scope="module")
@@ -101,24 +100,8 @@ def test_every_option_has_help():
 
 
 def test_serve_command_with_env_api_key(model_dir):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "LONGMOE_API_KEY": "sekret"}
-    cmd = [sys.executable, "-m", "longmoe", "serve", "--model", str(model_dir), "--port", str(port)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/ready").status_code == 200:  # /health is 200 while loading
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
+    with serve_process(model_dir, threads=2, env={"LONGMOE_API_KEY": "sekret"}) as sp:
+        url = sp.url
         assert httpx.get(url + "/v1/models").status_code == 401
         r = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer sekret"})
         assert r.status_code == 200
@@ -127,9 +110,7 @@ def test_serve_command_with_env_api_key(model_dir):
         auth = {"Authorization": "Bearer sekret"}
         r = httpx.post(url + "/v1/completions", json=body, headers=auth, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
-    finally:
-        proc.terminate()  # SIGTERM: the server and the engine's loop on the main thread both stop
-        assert proc.wait(timeout=30) == 0
+        assert sp.stop() == 0  # SIGTERM: the server and the engine's loop on the main thread both stop
 
 
 def test_serve_on_a_taken_port_exits_with_an_error(model_dir):

@@ -6,10 +6,8 @@ prompt's prefix snapshots stay inside the cache budget."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -18,34 +16,16 @@ from longmoe.serve.budget import CacheSpec
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 from tests.helpers.models import tiny_model
+from tests.helpers.serve_proc import serve_process
 from tests.helpers.tokenizer import tokenizer_for_tests
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_serve_token_limit_and_body_limit(model_dir):
     """The model's max_seq_len is 1024: with --max-context 3000 a 2,000-token prompt is served, a
     3,000-token one is a 400 naming the context window; a body over --max-body-kb is a 413."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "longmoe", "serve", "--model", str(model_dir), "--port", str(port),
-           "--max-context", "3000", "--max-body-kb", "32", "--prefill-chunk", "1024"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(url + "/ready").status_code == 200:  # /health is 200 while loading
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
+    args = ("--max-context", "3000", "--max-body-kb", "32", "--prefill-chunk", "1024")
+    with serve_process(model_dir, *args, threads=2) as sp:
+        url = sp.url
         assert httpx.get(url + "/v1/models").json()["data"][0]["max_context"] == 3000
 
         def complete(prompt: list[int]) -> httpx.Response:
@@ -61,10 +41,8 @@ def test_serve_token_limit_and_body_limit(model_dir):
         huge = complete([123] * 9000)  # 45 KB of JSON: over --max-body-kb
         assert huge.status_code == 413, huge.text
         again = complete([7] * 10)
-        assert again.status_code == 200 and proc.poll() is None
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0
+        assert again.status_code == 200 and sp.proc.poll() is None
+        assert sp.stop() == 0
 
 
 @pytest.mark.parametrize("room_mib", [1, 24])
