@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -42,6 +42,7 @@ from longmoe.train.sft import SFTConfig, SFTTrainer, sft_stage
 
 log = logging.getLogger(__name__)
 RECIPE_CONFIG = "recipe_config.json"
+C = TypeVar("C", bound=AgentRecipeConfig)  # a recipe config saved in its run directory
 EVALS = "evals.json"  # RUN/evals.json: model name -> per-horizon results (filled as they finish)
 VAL_EVALS = "val_evals.json"  # the same on validation task seeds (the RL lr choice)
 
@@ -157,20 +158,26 @@ def choose_rl_lr(cfg: AgentRecipeConfig, root: Path, tuned: Path) -> float:
     return best
 
 
+def open_recipe(cfg: C) -> tuple[C, Path]:
+    """Create the run directory (one thread at least) and return ``(config, root)``: a resumed recipe
+    keeps the settings it started with (``RECIPE_CONFIG``), a new one saves ``cfg`` there."""
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    root = Path(cfg.run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    saved = root / RECIPE_CONFIG
+    if saved.exists():
+        return type(cfg).load(saved), root
+    cfg.save(saved)
+    return cfg, root
+
+
 def run_recipe(
     cfg: AgentRecipeConfig, before_rl: Callable[[AgentRecipeConfig, Path], None] | None = None
 ) -> dict[str, Any]:
     """Run (or resume) every stage; returns the report's data. ``before_rl(cfg, run_dir)`` runs after
     SFT (``--jobs``: the RL runs in parallel processes, ``parallel.run_parallel``); the stages below
     then skip whatever it finished."""
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    root = Path(cfg.run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    saved = root / RECIPE_CONFIG
-    if saved.exists():
-        cfg = AgentRecipeConfig.load(saved)  # a resumed recipe keeps its settings
-    else:
-        cfg.save(saved)
+    cfg, root = open_recipe(cfg)
     t0 = time.perf_counter()
     evals = {}  # each model is evaluated as soon as it exists, so a cut run still reports what it has
     base = pretrain(cfg, root)

@@ -34,9 +34,9 @@ from longmoe.envs import make_env, play
 from longmoe.envs.suites import suite_cells
 from longmoe.eval.agent.harness import held_out_seeds
 from longmoe.pipelines.agent.run import (
-    RECIPE_CONFIG,
     choose_rl_lr,
     evaluate,
+    open_recipe,
     pretrain,
     rl,
     rl_run_name,
@@ -131,14 +131,7 @@ def _timed(root: Path, stage: str, fn, *args):
 
 
 def run_recipe(cfg: AgentLongConfig, quick: bool = False) -> dict[str, Any]:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    root = Path(cfg.run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    saved = root / RECIPE_CONFIG
-    if saved.exists():
-        cfg = AgentLongConfig.load(saved)  # a resumed recipe keeps its settings
-    else:
-        cfg.save(saved)
+    cfg, root = open_recipe(cfg)
     base = _timed(root, "pretrain", pretrain, cfg, root)
     tok = Tokenizer.from_file(base / ckpt.TOKENIZER_FILE)
     lengths = _timed(root, "lengths", expert_lengths, cfg, root, tok)
