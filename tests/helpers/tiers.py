@@ -26,6 +26,7 @@ INTEGRATION_NAMES = frozenset(
         "uvicorn",
         "sync_playwright",
         "playwright",
+        "chromium_page",  # tests/helpers/browser.py: Playwright's chromium
     }
 )
 DEPTH = 4  # how far calls into the test module's own functions are followed

@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +17,7 @@ import torch
 from longmoe.data.images import decode_image, patchify
 from longmoe.serve.api import create_app
 from longmoe.serve.engine import Engine
+from tests.helpers.browser import chromium_page, until, wait_until
 from tests.helpers.server import serving
 
 sync_api = pytest.importorskip(
@@ -27,13 +26,6 @@ sync_api = pytest.importorskip(
 
 KEY = "page-key"
 STEP_DELAY_S = 0.02  # slows each forward so a stream lasts long enough to watch and stop
-
-
-def chromium_path() -> str | None:
-    for name in ("chromium", "chromium-browser"):
-        if p := shutil.which(name):
-            return p
-    return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
 
 
 @pytest.fixture(scope="module")
@@ -56,39 +48,17 @@ def server(model_dir):
 
 @pytest.fixture(scope="module")
 def page():
-    exe = chromium_path()
-    if exe is None:
-        pytest.skip("no chromium on PATH or at /usr/bin/chromium (apt-get install chromium; .ci/run does)")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
-        pg = browser.new_page(viewport={"width": 900, "height": 640})
-        errors: list[str] = []
-        pg.on("pageerror", lambda e: errors.append(str(e)))
+    with chromium_page(900, 640) as pg:
         # a refused script or style (CSP) is a console error; the 401/400 the test provokes are not
         pg.on(
             "console",
             lambda m: (
-                errors.append(m.text)
+                pg.errors.append(m.text)
                 if m.type == "error" and not m.text.startswith("Failed to load resource")
                 else None
             ),
         )
-        pg.errors = errors
         yield pg
-        browser.close()
-
-
-def wait_until(cond, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def until(page, js: str, timeout: float = 60.0) -> None:
-    """Poll a JavaScript function in the page (``wait_for_function`` would eval a string, which the
-    page's CSP rightly forbids)."""
-    wait_until(lambda: page.evaluate(js), timeout)
 
 
 LOG = "const l = document.getElementById('log');"

@@ -12,9 +12,9 @@ import pytest
 from longmoe.serve.api import create_app
 from longmoe.serve.engine import Engine
 from longmoe.serve.files.store import LocalStore
+from tests.helpers.browser import chromium_page, until
 from tests.helpers.documents import text_pdf
 from tests.helpers.server import serving
-from tests.serve.test_serve_web_browser import chromium_path, until
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
@@ -34,17 +34,8 @@ def server(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page():
-    exe = chromium_path()
-    if exe is None:
-        pytest.skip("no chromium on PATH or at /usr/bin/chromium (apt-get install chromium; .ci/run does)")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
-        pg = browser.new_page(viewport={"width": 900, "height": 700})
-        errors: list[str] = []
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        pg.errors = errors
+    with chromium_page(900, 700) as pg:
         yield pg
-        browser.close()
 
 
 def test_attach_pdf_ask_twice_and_see_the_cached_share(server, page, tmp_path):
