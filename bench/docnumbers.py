@@ -6,14 +6,20 @@ docs/*.md is *covered* when it is
 - inside a block a script writes, ``<!-- NAME:start -->`` .. ``<!-- NAME:end -->`` (``bench/tables.py``
   rewrites them and ``tests/report/test_report_tables.py`` checks them), or
 - followed on its line, before the next number, by a citation ``<!-- from: PATH#KEY -->``: PATH a JSON file
-  in the repository, KEY a dotted path into it (list items by index; ``KEY*1000`` scales the value, e.g.
-  seconds to ms; a number printed with ``%`` reads a fraction, so the value is multiplied by 100). The
-  citation resolves and the printed number equals the value at the printed precision.
+  in the repository, KEY a dotted path into it (list items by index; a part holding dots, spaces or
+  slashes is double-quoted, ``rows.9."fwd+bwd s"``; ``KEY*1000`` scales the value, e.g. seconds to ms;
+  ``KEY / KEY`` is the ratio of two values of the same file, e.g. a speed-up; a number printed with ``%``
+  reads a fraction, so the value is multiplied by 100). The citation resolves and the printed number
+  equals the value at the printed precision.
 
 Exempt by rule (``exempt``), because they are settings or sizes, not results: numbers in code (fenced or
-inline), targets and limits (after ≤ ≥ < > or the words target / at least / at most / under / up to /
-within / budget / limit / timeout), and sizes of inputs (a number followed by "of", "per", "budget",
-"tensor", "file", "chunk", "cache", "buffer", "window", "prompt", "context", "RAM", "memory", "disk").
+inline), targets, limits and tolerances (after ≤ ≥ < > ± or the words target / at least / at most / under
+/ up to / within / budget / limit / timeout / every / last, or a ``key=value`` setting), sizes of inputs (a
+number followed by "of", "per", "budget", "tensor", "file", "chunk", "cache", "buffer", "window",
+"prompt", "context", "RAM", "memory", "disk", or a setting's "SLO" / "timeout" / "deadline" /
+"backstop"), shapes (``3×3``, ``15 × 15``: a ``×`` between two operands, not a ratio) and multiples of a
+setting (``4× and 16× the training length``, ``2x (1024)``: lengths and learning rates an experiment
+was run at).
 
 ``UNCITED`` (``bench/docnumbers_uncited.json``) lists the numbers written before this rule, per file, by
 their text and the words before them: those may stay until their paragraph is next edited; a new or
@@ -36,17 +42,36 @@ UNCITED = ROOT / "bench" / "docnumbers_uncited.json"
 
 UNITS = r"(?:×|x\b|ms\b|tok/s\b|s\b|%|[KMG]i?B\b|nats?\b)"
 NUMBER = re.compile(rf"(?<![\w.\-/#])(?P<num>\d[\d,]*(?:\.\d+)?)\s?(?P<unit>{UNITS})")
-CITE = re.compile(r"<!--\s*from:\s*(?P<path>[^#\s]+)#(?P<key>[^\s*]+)(?:\*(?P<scale>[\d.e+-]+))?\s*-->")
+KEY = r'(?:"[^"]*"|[^\s*"/])+'  # dotted parts; a quoted part may hold dots, spaces and slashes
+CITE = re.compile(
+    rf"<!--\s*from:\s*(?P<path>[^#\s]+)#(?P<key>{KEY})(?:\s*/\s*(?P<over>{KEY}))?"
+    r"(?:\*(?P<scale>[\d.e+-]+))?\s*-->"
+)
+KEY_PART = re.compile(r'"(?P<quoted>[^"]*)"|(?P<plain>[^."]+)')
+DOTTED = re.compile(r'(?:"[^"]*"|[^."]+)(?:\.(?:"[^"]*"|[^."]+))*')
 BLOCK_START = re.compile(r"<!--\s*[\w:.-]+:start\s*-->")
 BLOCK_END = re.compile(r"<!--\s*[\w:.-]+:end\s*-->")
 CODE = re.compile(r"`[^`]*`")
 LIMIT_BEFORE = re.compile(
-    r"(?:[≤≥<>]=?|\b(?:target|at least|at most|under|up to|within|budget|limit|timeout|max|min)\b)"
-    r"[\s~(]*$",
+    r"(?:[≤≥<>]=?|\w="
+    r"|\b(?:target|at least|at most|under|up to|within|budget|limit|timeout|max|min|every|last)\b)"
+    r"[\s~(±]*$",
     re.IGNORECASE,
 )
 SIZE_AFTER = re.compile(
-    r"^\s*(?:of\b|per\b|budget|tensor|file|chunk|cache|buffer|window|prompt|context|RAM|memory|disk)",
+    r"^\s*(?:of\b|per\b|budget|tensor|file|chunk|cache|buffer|window|prompt|context|RAM|memory|disk"
+    r"|SLO\b|timeout|deadline|backstop)",
+    re.IGNORECASE,
+)
+# A × between two operands is a shape or a product (3×3, 15 × 15, 2 × ep = 2), not a ratio (2.9× faster):
+# no space on either side of the sign and a digit after it, or a space on both and an operand after it.
+PRODUCT_TIGHT = re.compile(r"\d")
+PRODUCT_SPACED = re.compile(r" (?:\d|[a-z_]\w* ?=)")
+# Multiples of a setting an experiment ran at: "1x, 2x and 8x the window", "10× the learning rate",
+# "4× (2048)" -- the multiplier names a length or a rate that was chosen, not measured.
+SETTING_MULTIPLE = re.compile(
+    r"^(?:(?:\s*(?:,|and|or|to|/|–|-)\s*\d[\d.]*\s?[×x])*\s+(?:the |its )?"
+    r"(?:window|(?:training|train) length|learning rate|lr)\b|\s*\(\d[\d,]*\))",
     re.IGNORECASE,
 )
 
@@ -63,8 +88,15 @@ class Found:
 
 
 def exempt(line: str, m: re.Match) -> bool:
-    """Settings and sizes, not results (the rule in the module docstring)."""
-    return bool(LIMIT_BEFORE.search(line[: m.start()])) or bool(SIZE_AFTER.match(line[m.end() :]))
+    """Settings, sizes and shapes, not results (the rule in the module docstring)."""
+    before, after = line[: m.start()], line[m.end() :]
+    if LIMIT_BEFORE.search(before) or SIZE_AFTER.match(after):
+        return True
+    if m["unit"] in ("×", "x"):
+        spaced = line[m.start("unit") - 1] == " "
+        product = (PRODUCT_SPACED if spaced else PRODUCT_TIGHT).match(line, m.end("unit"))
+        return bool(product or SETTING_MULTIPLE.match(after))
+    return False
 
 
 def scan(text: str, doc: str) -> list[Found]:
@@ -92,13 +124,20 @@ def scan(text: str, doc: str) -> list[Found]:
     return out
 
 
+def key_parts(key: str) -> list[str]:
+    """``rows.9."fwd+bwd s"`` -> ``["rows", "9", "fwd+bwd s"]``: dotted parts, a quoted one taken whole."""
+    if not DOTTED.fullmatch(key):
+        raise ValueError(f"{key}: not a dotted key (quote a part holding dots, spaces or slashes)")
+    return [m["quoted"] if m["quoted"] is not None else m["plain"] for m in KEY_PART.finditer(key)]
+
+
 def resolve(path: str, key: str, root: Path = ROOT) -> float:
-    """The number at ``key`` (dotted; list indices as integers) in the JSON file ``path``."""
+    """The number at ``key`` (dotted; list indices as integers; quoted parts) in the JSON file ``path``."""
     f = root / path
     if not f.is_file():
         raise ValueError(f"{path}: no such file")
     node = json.loads(f.read_text())
-    for part in key.split("."):
+    for part in key_parts(key):
         try:
             node = node[int(part)] if isinstance(node, list) else node[part]
         except (KeyError, IndexError, ValueError, TypeError):
@@ -116,13 +155,16 @@ def check_citation(f: Found, root: Path = ROOT) -> str | None:
     printed, unit = m["num"].replace(",", ""), m["unit"]
     try:
         value = resolve(f.cite["path"], f.cite["key"], root) * float(f.cite["scale"] or 1)
-    except ValueError as e:
+        if f.cite["over"]:
+            value /= resolve(f.cite["path"], f.cite["over"], root)
+    except (ValueError, ZeroDivisionError) as e:
         return f"{f.doc}:{f.line}: {f.text}: {e}"
     if unit == "%":
         value *= 100
     decimals = len(printed.split(".")[1]) if "." in printed else 0
     if abs(round(value, decimals) - float(printed)) > 10**-decimals / 2 + 1e-9:
-        return f"{f.doc}:{f.line}: prints {f.text}, {f.cite['path']}#{f.cite['key']} holds {value:.6g}"
+        over = f" / {f.cite['over']}" if f.cite["over"] else ""
+        return f"{f.doc}:{f.line}: prints {f.text}, {f.cite['path']}#{f.cite['key']}{over} holds {value:.6g}"
     return None
 
 

@@ -75,3 +75,58 @@ def test_blocks_code_targets_and_sizes_are_exempt_and_a_bare_result_is_not(tmp_p
 def test_a_citation_covers_only_the_number_before_it(tmp_path):
     found = _doc(tmp_path, {"v": 2.0}, "2.0× <!-- from: r.json#v --> then 3.0×\n")
     assert [f.cite is not None for f in found] == [True, False]
+
+
+def test_a_quoted_key_part_may_hold_dots_spaces_and_slashes(tmp_path):
+    res = {"rows": [{"fwd+bwd s": 0.706, "tok/s": 12.5, "v1.2": 3.0}]}
+    text = (
+        'took 706 ms <!-- from: r.json#rows.0."fwd+bwd s"*1000 --> '
+        'at 12.5 tok/s <!-- from: r.json#rows.0."tok/s" --> and 3.0× <!-- from: r.json#rows.0."v1.2" -->\n'
+    )
+    found = _doc(tmp_path, res, text)
+    assert [f.cite["key"] for f in found] == ['rows.0."fwd+bwd s"', 'rows.0."tok/s"', 'rows.0."v1.2"']
+    assert all(docnumbers.check_citation(f, tmp_path) is None for f in found)
+    [unquoted] = _doc(tmp_path, res, "took 0.7 s <!-- from: r.json#rows.0.fwd+bwd s -->\n")
+    assert unquoted.cite is None  # a space ends an unquoted key: the citation is not recognised
+
+
+def test_a_ratio_citation_divides_two_values_of_one_file(tmp_path):
+    res = {"eager": 58.7, "compiled": 26.8, "zero": 0}
+    [ok] = _doc(tmp_path, res, "compiled is 2.19× faster <!-- from: r.json#eager / compiled -->\n")
+    assert docnumbers.check_citation(ok, tmp_path) is None
+    [stale] = _doc(tmp_path, res, "compiled is 2.25× faster <!-- from: r.json#eager / compiled -->\n")
+    assert "#eager / compiled holds 2.19" in docnumbers.check_citation(stale, tmp_path)
+    [by_zero] = _doc(tmp_path, res, "compiled is 2.25× faster <!-- from: r.json#eager / zero -->\n")
+    assert docnumbers.check_citation(by_zero, tmp_path) is not None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "runs two 3×3 convolutions",  # a shape
+        "images of 64 × 64 patches",
+        "dp_shard = 2 × ep = 2",  # a product of settings
+        "evaluates at 1x, 2x, 4x and 8x the window",  # multiples of a setting
+        "at 10× the learning rate",
+        "| 1x (512) | 2x (1024) |",
+        "tested within ±2%",  # a tolerance
+        "fail_timeout=10s",  # a key=value setting
+        "p95 TTFT above the 2 s SLO",
+        "generated tokens/s over the last 10 s",
+    ],
+)
+def test_shapes_setting_multiples_tolerances_and_settings_are_exempt(tmp_path, text):
+    assert _doc(tmp_path, {}, text + "\n") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "printed"),
+    [
+        ("compiled decode is 2.25× eager", "2.25×"),  # a ratio: no operand after the sign
+        ("the 64K rise was 10× slower", "10×"),  # 'slower' is not an SLO
+        ("1.5 × faster than the peer", "1.5 ×"),
+        ("4× fewer tokens than the window holds", "4×"),  # a result next to a setting word
+    ],
+)
+def test_ratios_near_the_exempt_forms_still_count(tmp_path, text, printed):
+    assert [f.text for f in _doc(tmp_path, {}, text + "\n")] == [printed]
