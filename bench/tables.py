@@ -32,7 +32,14 @@ from longmoe.report.card import ReportError, collect, default_dirs, headline_tab
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DEMO_JSON = ROOT / "docs" / "results" / "demo_results.json"
-DOCS = ("README.md", "docs/benchmarks.md", "docs/deploy.md", "docs/distributed.md", "docs/serve.md")
+DOCS = (
+    "README.md",
+    "docs/benchmarks.md",
+    "docs/deploy.md",
+    "docs/distributed.md",
+    "docs/moe.md",
+    "docs/serve.md",
+)
 BENCH_DOC = "docs/benchmarks.md"
 NEW_TABLES_HERE = "<!-- bench:new-tables-here -->"  # where a benchmark's first table is appended
 BLOCK = re.compile(r"<!-- (?P<name>[\w:-]+):start -->\n(?P<body>.*?)\n?<!-- (?P=name):end -->", re.DOTALL)
