@@ -116,6 +116,8 @@ def test_a_ratio_citation_divides_two_values_of_one_file(tmp_path):
         "a 1M window needs cp = 64 to fit 80 GiB",  # a capacity
         "on 141 GiB devices",
         "glibc serves every block above 32 MB with mmap",  # a threshold
+        "short of the 25% target",
+        "bf16, 100 MB shards",
     ],
 )
 def test_shapes_setting_multiples_tolerances_and_settings_are_exempt(tmp_path, text):
