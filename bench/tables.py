@@ -37,6 +37,7 @@ DOCS = (
     "docs/benchmarks.md",
     "docs/deploy.md",
     "docs/distributed.md",
+    "docs/interop.md",
     "docs/model.md",
     "docs/moe.md",
     "docs/serve.md",
