@@ -34,6 +34,7 @@ RESULTS = ROOT / "bench" / "results"
 DEMO_JSON = ROOT / "docs" / "results" / "demo_results.json"
 DOCS = (
     "README.md",
+    "docs/agent.md",
     "docs/benchmarks.md",
     "docs/deploy.md",
     "docs/distributed.md",
