@@ -5,12 +5,13 @@ docs/*.md is *covered* when it is
 
 - inside a block a script writes, ``<!-- NAME:start -->`` .. ``<!-- NAME:end -->`` (``bench/tables.py``
   rewrites them and ``tests/report/test_report_tables.py`` checks them), or
-- followed on its line, before the next number, by a citation ``<!-- from: PATH#KEY -->``: PATH a JSON file
-  in the repository, KEY a dotted path into it (list items by index; a part holding dots, spaces or
-  slashes is double-quoted, ``rows.9."fwd+bwd s"``; ``KEY*1000`` scales the value, e.g. seconds to ms;
-  ``KEY / KEY`` is the ratio of two values of the same file, e.g. a speed-up; a number printed with ``%``
-  reads a fraction, so the value is multiplied by 100). The citation resolves and the printed number
-  equals the value at the printed precision.
+- followed on its line, before the next number, by a citation ``<!-- from: PATH#KEY -->``: PATH a JSON
+  file in the repository (or a script-written markdown report, cited by a quoted anchor: the first
+  number after the one occurrence of ``#"text"``), KEY a dotted path into it (list items by index; a
+  part holding dots, spaces or slashes is double-quoted, ``rows.9."fwd+bwd s"``; ``KEY*1000`` scales the
+  value, e.g. seconds to ms; ``KEY / KEY`` is the ratio of two values of the same file, e.g. a speed-up;
+  a number printed with ``%`` reads a fraction, so the value is multiplied by 100). The citation
+  resolves and the printed number equals the value at the printed precision.
 
 Exempt by rule (``exempt``), because they are settings or sizes, not results: numbers in code (fenced or
 inline), targets, limits and tolerances (after ≤ ≥ < > ± or the words target / at least / at most / under
@@ -133,11 +134,32 @@ def key_parts(key: str) -> list[str]:
     return [m["quoted"] if m["quoted"] is not None else m["plain"] for m in KEY_PART.finditer(key)]
 
 
+MD_NUMBER = re.compile(r"[-−]?\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?")
+
+
+def resolve_markdown(path: str, text: str, key: str) -> float:
+    """The first number after the quoted anchor ``key``, which occurs exactly once in the markdown ``text``
+    (a report a script wrote under docs/results/, whose numbers no JSON holds, e.g. a paired difference)."""
+    parts = key_parts(key)
+    if len(parts) != 1 or not key.startswith('"'):
+        raise ValueError(f'{path}#{key}: a markdown source is cited by one quoted anchor, #"text before it"')
+    anchor = parts[0]
+    if (n := text.count(anchor)) != 1:
+        raise ValueError(f"{path}#{key}: the anchor occurs {n} times (it must occur once)")
+    m = MD_NUMBER.search(text, text.index(anchor) + len(anchor))
+    if m is None:
+        raise ValueError(f"{path}#{key}: no number after the anchor")
+    return float(m.group().replace(",", "").replace("−", "-"))
+
+
 def resolve(path: str, key: str, root: Path = ROOT) -> float:
-    """The number at ``key`` (dotted; list indices as integers; quoted parts) in the JSON file ``path``."""
+    """The number at ``key`` (dotted; list indices as integers; quoted parts) in the JSON file ``path``,
+    or after the anchor ``key`` in the markdown file ``path`` (``resolve_markdown``)."""
     f = root / path
     if not f.is_file():
         raise ValueError(f"{path}: no such file")
+    if f.suffix == ".md":
+        return resolve_markdown(path, f.read_text(), key)
     node = json.loads(f.read_text())
     for part in key_parts(key):
         try:

@@ -141,3 +141,17 @@ def test_a_script_written_block_is_exempt_only_where_bench_tables_checks_it():
     marked = {p.name for p in docnumbers.DOCS.glob("*.md") if docnumbers.BLOCK_START.search(p.read_text())}
     checked = {d.removeprefix("docs/") for d in tables.DOCS} | docnumbers.GENERATED
     assert marked <= checked, f"blocks no script rewrites (list in bench/tables.DOCS): {marked - checked}"
+
+
+def test_a_markdown_report_is_cited_by_the_number_after_a_unique_anchor(tmp_path):
+    (tmp_path / "rep.md").write_text(
+        "quantile − none -0.0058 ± 0.0066, sign − none -0.0073 ± 0.0063 over 5 seeds\n"
+    )
+    [ok] = _doc(tmp_path, {}, 'sign costs 0.0063 nats <!-- from: rep.md#"sign − none -0.0073 ±" -->\n')
+    assert docnumbers.check_citation(ok, tmp_path) is None
+    [neg] = _doc(tmp_path, {}, 'a −0.0058 nats gap <!-- from: rep.md#"quantile − none" -->\n')
+    assert neg.text == "0.0058 nats" and "holds -0.0058" in docnumbers.check_citation(neg, tmp_path)
+    [twice] = _doc(tmp_path, {}, 'took 0.0063 nats <!-- from: rep.md#"none" -->\n')
+    assert "occurs 2 times" in docnumbers.check_citation(twice, tmp_path)
+    [dotted] = _doc(tmp_path, {}, "took 0.0063 nats <!-- from: rep.md#a.b -->\n")
+    assert "one quoted anchor" in docnumbers.check_citation(dotted, tmp_path)
