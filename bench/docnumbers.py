@@ -15,14 +15,14 @@ docs/*.md is *covered* when it is
 
 Exempt by rule (``exempt``), because they are settings or sizes, not results: numbers in code (fenced or
 inline), targets, limits and tolerances (after ≤ ≥ < > ± or the words target / at least / at most / under
-/ up to / within / above / below / budget / limit / timeout / every / last / fit / margin (of), or a
-``key=value`` setting), sizes of inputs (a number followed by "of", "per", "budget", "tensor", "file",
-"chunk", "cache", "buffer", "window", "prompt", "context", "RAM", "memory", "disk", "device", "shard", a
-confidence level ("95% interval", "95% CI", "95% confidence"), or a setting's "SLO" / "target" / "timeout"
-/ "deadline" / "backstop"), shapes (``3×3``, ``15 × 15``: a ``×`` between two operands, not a ratio) and
-multiples of a setting (``4× and 16× the training length``, ``2x (1024)``: lengths and learning rates an
-experiment was run at). A script-written block is exempt only in a document ``bench/tables.py`` rewrites
-and checks (``tests/test_docs_numbers.py``).
+/ up to / within / above / below / budget / limit / timeout / every / last / fit / margin (of) / default,
+or a ``key=value`` setting), sizes of inputs (a number followed by "of", "per", "budget", "tensor",
+"file", "chunk", "cache", "buffer", "window", "prompt", "context", "RAM", "memory", "disk", "device",
+"shard", a confidence level ("95% interval", "95% CI", "95% confidence"), or a setting's "SLO" / "target"
+/ "timeout" / "deadline" / "backstop"), shapes (``3×3``, ``15 × 15``: a ``×`` between two operands, not a
+ratio) and multiples of a setting (``4× and 16× the training length``, ``2x (1024)``: lengths and learning
+rates an experiment was run at). A script-written block is exempt only in a document ``bench/tables.py``
+rewrites and checks (``tests/test_docs_numbers.py``).
 
 ``UNCITED`` (``bench/docnumbers_uncited.json``) lists the numbers written before this rule, per file, by
 their text and the words before them: those may stay until their paragraph is next edited; a new or
@@ -58,7 +58,7 @@ CODE = re.compile(r"`[^`]*`")
 LIMIT_BEFORE = re.compile(
     r"(?:[≤≥<>]=?|\w="
     r"|\b(?:target|at least|at most|under|up to|within|above|below|budget|limit|timeout|max|min|every|last"
-    r"|fits?|margin)\b(?:\s+of)?)"
+    r"|fits?|margin|default)\b(?:\s+of)?)"
     r"[\s~(±]*$",
     re.IGNORECASE,
 )

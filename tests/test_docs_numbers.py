@@ -120,6 +120,7 @@ def test_a_ratio_citation_divides_two_values_of_one_file(tmp_path):
         "bf16, 100 MB shards",
         "field F1 with its 95% interval, [95% CI], not confirmed at 95% confidence",  # confidence levels
         "the difference against a margin of 0.05 nats",
+        "`--body-timeout` (default 30 s) bounds it",
     ],
 )
 def test_shapes_setting_multiples_tolerances_and_settings_are_exempt(tmp_path, text):
