@@ -5,7 +5,7 @@ A table lives between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``; its sou
 - ``bench:<b>``: ``bench/results/<b>.md``, the table ``bench/<b>.py`` rendered from its numbers and wrote
   beside ``<b>.json`` in the same call (``bench.common.write_results``; newer JSONs carry the table's
   SHA-256, checked here, so a table cannot drift from its JSON);
-- ``demo`` and ``recall``: ``docs/results/demo_results.json``, through the demo's own renderers
+- ``demo``, ``demo_run`` and ``recall``: ``docs/results/demo_results.json``, through the demo's own renderers
   (``longmoe.pipelines.demo.report``);
 - ``headline``: the README's headline numbers, ``longmoe.report.card.headline_table`` over every result JSON.
 
@@ -64,12 +64,15 @@ def _bench_table(name: str, root: Path) -> str:
 
 
 def _demo_tables(root: Path) -> dict[str, str]:
-    from longmoe.pipelines.demo.report import recall_table, report_table  # the demo's own renderers
+    from longmoe.pipelines.demo.report import recall_table, report_table, run_summary  # the demo's own
     from longmoe.pipelines.demo.result import LengthEval, RecallResult
 
     path = root / "docs" / "results" / "demo_results.json"
     d = json.loads(path.read_text())
-    out = {"demo": report_table(argparse.Namespace(eval=[LengthEval(**e) for e in d["eval"]]))}
+    out = {
+        "demo": report_table(argparse.Namespace(eval=[LengthEval(**e) for e in d["eval"]])),
+        "demo_run": run_summary(d),
+    }
     if d.get("recall"):  # a transcribed file may lack fields the tables do not read
         rc = d["recall"]
         out["recall"] = recall_table(

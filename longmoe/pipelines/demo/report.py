@@ -33,6 +33,27 @@ def recall_table(rc: RecallResult) -> str:
     return "\n".join(rows)
 
 
+def run_summary(d: dict) -> str:
+    """What the last ``make demo`` run was and how long it took, from its result JSON (``report.json`` with
+    its provenance): one line, rewritten with the tables so no timing in the docs outlives its run."""
+    prov, rc = d.get("provenance") or {}, d.get("recall") or {}
+    threads = prov.get("threads")
+    parts = [
+        f"{d['tokens']:,} tokens, {d['steps']} steps",
+        str(prov.get("date") or "date not recorded"),
+        f"{threads} thread{'s' if threads != 1 else ''}" if threads else "threads not recorded",
+        f"commit {prov['commit']}" if prov.get("commit") else "commit not recorded",
+    ]
+    wall = f"**{prov['wall_s']:.1f} s** wall" if prov.get("wall_s") is not None else "wall time not recorded"
+    line = (
+        f"Last run ({', '.join(parts)}): the whole `make demo`, recall part included, {wall}; "
+        f"language-model training {d['train_seconds']:.1f} s"
+    )
+    if rc.get("train_seconds") is not None:
+        line += f", recall training {rc['train_seconds']:.1f} s ({rc['steps']} steps)"
+    return line + "."
+
+
 def can_and_cannot(r: DemoResult) -> list[str]:
     """What the trained models can and cannot do, in plain words, from the measured numbers."""
     ratio = max(e.val_loss / e.unigram_loss for e in r.eval)
