@@ -183,7 +183,9 @@ def main() -> int:
     drafts["first 2 layers"] = cut
     distilled = truncated_draft(target, DRAFT_LAYERS)
     steps = 20 if args.quick else args.distill_steps
-    kl = distill(target, distilled, corpus_tokens(tok, 400_000), DistillConfig(steps=steps))
+    distill_run = draft_run.with_name(f"{draft_run.name}-distilled")  # resumes; a rerun reuses it
+    tokens = corpus_tokens(tok, 400_000)
+    kl = distill(target, distilled, tokens, DistillConfig(steps=steps), run_dir=distill_run, tokenizer=tok)
     drafts["first 2 layers, distilled"] = distilled.eval()
     print(f"distilled {steps} steps: KL {kl[0]:.3f} -> {statistics.mean(kl[-10:]):.3f}", flush=True)
 

@@ -13,7 +13,8 @@ A model directory holds ``config.json``, ``model.safetensors`` and ``tokenizer.j
 model, its tokenizer and ``ModelMeta`` (where it came from, its config, the training window).
 
 A checkpoint is a directory ``RUN/checkpoints/step-00000123/`` holding a loadable model directory
-(``config.json``, ``model.safetensors``, ``tokenizer.json``) plus ``trainer_state.pt`` (optimizer,
+(``config.json``, ``model.safetensors``, ``tokenizer.json``; no tokenizer for a model that reads token
+ids, e.g. the MQAR recipe's) plus ``trainer_state.pt`` (optimizer,
 schedule position, RNG, data position, curriculum stage, metrics; tensors and plain containers only,
 read back with ``weights_only=True``) and, written last, ``COMPLETE``: a JSON manifest with the
 SHA-256 of every file. The directory is assembled under a temporary name and renamed in one
@@ -59,6 +60,7 @@ METRICS = "metrics.jsonl"  # RUN/metrics.jsonl: the training log
 MANIFEST = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
 MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)  # a model directory
+CKPT_MODEL_FILES = MODEL_FILES[:2]  # a checkpoint's model (+ the tokenizer when the run has one)
 SHARDED_DIR = "dcp"  # a sharded checkpoint's DCP directory (model + optimizer shards, ``.metadata``)
 SHARDED_FILES = (CONFIG_FILE, TOKENIZER_FILE, f"{SHARDED_DIR}/.metadata")
 # Fault injection for the crash-safety test: ``LONGMOE_FAULT=kill-in-save:STEP`` SIGKILLs the process
@@ -117,17 +119,19 @@ def save_checkpoint(
     run_dir: str | Path,
     step: int,
     model: LongMoE,
-    tokenizer_file: str | Path,
+    tokenizer_file: str | Path | None,
     state: dict[str, Any],
     keep_last: int = 3,
 ) -> Path:
-    """Write checkpoint ``step`` atomically and keep only the newest ``keep_last`` complete ones."""
+    """Write checkpoint ``step`` atomically and keep only the newest ``keep_last`` complete ones
+    (``tokenizer_file`` None: a model that reads token ids, e.g. a synthetic-task recipe's)."""
     tmp = tmp_dir(run_dir, step)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     if tmp.exists():
         shutil.rmtree(tmp)
     model.save_pretrained(tmp)
-    shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
+    if tokenizer_file is not None:
+        shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
     torch.save(state, tmp / STATE_FILE)
     return finalize(tmp, run_dir, step, keep_last)
 
@@ -160,7 +164,7 @@ def is_complete(path: Path, verify_hashes: bool = True) -> bool:
         if not f.is_file() or (verify_hashes and sha256_file(f) != digest):
             return False
     return STATE_FILE in files and (
-        all(n in files for n in MODEL_FILES) or all(n in files for n in SHARDED_FILES)
+        all(n in files for n in CKPT_MODEL_FILES) or all(n in files for n in SHARDED_FILES)
     )
 
 
@@ -227,7 +231,7 @@ def resolve_model_dir(path: str | Path) -> Path:
     for c in reversed(list_checkpoints(p)):
         if is_complete(c, verify_hashes=False) and is_model_dir(c):  # sharded ones are not
             return c
-    if all((p / f).is_file() for f in MODEL_FILES[:2]):  # config + weights, no tokenizer.json
+    if all((p / f).is_file() for f in CKPT_MODEL_FILES):  # config + weights, no tokenizer.json
         raise FileNotFoundError(
             f"{p} has {MODEL_FILES[0]} and {MODEL_FILES[1]} but no {MODEL_FILES[2]}: a weights-only model "
             "directory (e.g. `longmoe convert --from-hf` of a checkpoint whose tokenizer longmoe cannot "

@@ -4,7 +4,8 @@ A loop hands the ``Checkpointer`` its model and optimizer (stored by the ``Strat
 directory + the optimizer's state dict in one process, DCP shards under ``torchrun``), its ``Progress``
 (step, tokens, skipped steps: the top level of the state file) and named parts with
 ``state_dict()`` / ``load_state_dict()``: the LR schedule, the data stream, the RNG, the RL reference
-fingerprint, a recipe's curve. MoE balancer state (bias, load window, step counts) is persistent
+fingerprint, a recipe's curve (``Curve``), a data generator (``GeneratorState``), a module trained beside
+the model (``ModuleState``). MoE balancer state (bias, load window, step counts) is persistent
 buffers of the model, so it travels with the weights.
 
 On disk it is the run layout of ``longmoe.checkpoint`` (atomic ``checkpoints/step-N/`` with a hash
@@ -21,6 +22,7 @@ A newer format is refused with one line naming it.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -74,6 +76,52 @@ class RNG:
         set_rng_state(state)
 
 
+class Curve:
+    """A recipe's training curve so far (rows of numbers) and the seconds it took: a resumed run's
+    time adds to the earlier runs'."""
+
+    def __init__(self) -> None:
+        self.points: list[list[float]] = []
+        self.t0 = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"curve": self.points, "seconds": self.seconds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.points = [list(p) for p in state["curve"]]
+        self.t0 = time.perf_counter() - float(state["seconds"])
+
+
+class GeneratorState:
+    """A ``torch.Generator`` a loop draws its data from (e.g. random windows), at its position."""
+
+    def __init__(self, gen: torch.Generator) -> None:
+        self.gen = gen
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": self.gen.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.gen.set_state(state["state"])
+
+
+class ModuleState:
+    """A module trained beside the model but not part of it (e.g. a recipe's control layer)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.module.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state)
+
+
 def format_of(state: dict[str, Any], path: Path) -> int:
     """The checkpoint's format version; a one-line ``CheckpointError`` for one this code cannot read."""
     v = state.get(FORMAT_KEY, LEGACY_FORMAT)
@@ -102,7 +150,7 @@ class Checkpointer:
         optimizer: torch.optim.Optimizer,
         strategy: Strategy,
         model_cfg: ModelConfig,
-        tokenizer_file: Path,
+        tokenizer_file: Path | None,
         progress: Progress,
         parts: dict[str, Stateful],
         keep_last: int,
@@ -111,7 +159,7 @@ class Checkpointer:
         if clash:
             raise ValueError(f"checkpoint part names {sorted(clash)} are reserved")
         self.run_dir, self.model, self.opt, self.strategy = Path(run_dir), model, optimizer, strategy
-        self.cfg, self.tokenizer_file, self.progress = model_cfg, Path(tokenizer_file), progress
+        self.cfg, self.tokenizer_file, self.progress = model_cfg, tokenizer_file, progress
         self.parts, self.keep_last = parts, keep_last
 
     def state(self) -> dict[str, Any]:

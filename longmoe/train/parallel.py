@@ -97,7 +97,7 @@ class SingleProcess:
 
     def save(
         self, run_dir: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer, cfg: ModelConfig,
-        tokenizer_file: Path, state: dict[str, Any], keep_last: int,
+        tokenizer_file: Path | None, state: dict[str, Any], keep_last: int,
     ) -> Path:  # fmt: skip
         state = {**state, "optimizer": opt.state_dict()}
         return ckpt.save_checkpoint(run_dir, step, model, tokenizer_file, state, keep_last)
@@ -182,8 +182,10 @@ class Sharded(SingleProcess):
 
     def save(
         self, run_dir: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer, cfg: ModelConfig,
-        tokenizer_file: Path, state: dict[str, Any], keep_last: int,
+        tokenizer_file: Path | None, state: dict[str, Any], keep_last: int,
     ) -> Path:  # fmt: skip
+        if tokenizer_file is None:
+            raise ValueError("a sharded checkpoint needs the run's tokenizer (token-id models: one process)")
         return dcp_ckpt.save_sharded_checkpoint(
             run_dir, step, model, opt, cfg, tokenizer_file, state, keep_last
         )

@@ -8,6 +8,8 @@
   resume (a resume never changes a run), else the caller's; the memory check and the vocabulary check
   run here, once, before a tokenizer is trained.
 - ``check_checkpoint_config``: a checkpoint copied in from another run is refused.
+- ``pin_config``: a loop started by code (distillation, a recipe's cell) writes its config into its run
+  directory once and refuses another on a later start (``check_same_config``: the same one-line error).
 """
 
 from __future__ import annotations
@@ -57,12 +59,37 @@ def check_resumable(
         raise UserError(f"--resume: {run_dir} is not a training run (no {marker})")
     if given is not None:
         run_cfg = run_dir / ckpt.CONFIG_FILE
-        diff = config_differences(ModelConfig.load(run_cfg).to_dict(), given.to_dict())
-        if diff:
-            raise UserError(
-                f"--resume: {what} differs from the run's {run_cfg} in {', '.join(diff)} "
-                "(a resumed run keeps its own config; drop the flag or use another --run-dir)"
-            )
+        check_same_config(run_cfg, ModelConfig.load(run_cfg).to_dict(), given.to_dict(), f"--resume: {what}")
+
+
+def check_same_config(
+    run_file: Path, saved: dict[str, Any], given: dict[str, Any], what: str,
+    fix: str = "drop the flag or use another --run-dir",
+) -> None:  # fmt: skip
+    """The one-line refusal of a config (``what``) that differs from the one a run was started with
+    (``saved``, read from ``run_file``), naming the differing fields and how to go on (``fix``)."""
+    diff = config_differences(saved, given)
+    if diff:
+        raise UserError(
+            f"{what} differs from the run's {run_file} in {', '.join(diff)} "
+            f"(a resumed run keeps its own config; {fix})"
+        )
+
+
+def pin_config(run_file: Path, given: dict[str, Any], what: str) -> bool:
+    """A run directory's config for a loop started by code rather than a command (distillation, a
+    recipe's cell): a new run writes ``given`` to ``run_file``; a run that exists refuses any other
+    (``check_same_config``). True when the run existed."""
+    given = json.loads(json.dumps(given))  # as it reads back (tuples are lists)
+    if run_file.is_file():
+        saved = json.loads(run_file.read_text())
+        check_same_config(run_file, saved, given, what, "use another run directory")
+        return True
+    run_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = run_file.with_name(f".tmp-{run_file.name}")
+    tmp.write_text(json.dumps(given, indent=2, sort_keys=True) + "\n")
+    tmp.replace(run_file)
+    return False
 
 
 def check_checkpoint_config(path: Path, cfg: ModelConfig, run_dir: Path) -> None:

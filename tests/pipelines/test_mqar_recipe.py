@@ -1,5 +1,6 @@
-"""The MQAR sweep recipe: config checks, models per pattern, the NoPE control, resuming, best-lr
-selection, the expectation verdicts and the report, and a whole quick run."""
+"""The MQAR sweep recipe: config checks, models per pattern, the NoPE control, resuming (a stored
+result, and an interrupted cell from its checkpoints), best-lr selection, the expectation verdicts and
+the report, and a whole quick run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import pytest
 import torch
 
+from longmoe.errors import UserError
 from longmoe.model import LongMoE
 from longmoe.pipelines.mqar import run as mqar_run
 from longmoe.pipelines.mqar.__main__ import main
@@ -155,7 +157,7 @@ def test_legacy_runs_are_flagged_in_the_report_and_retrained(tmp_path, monkeypat
     f.parent.mkdir()
     f.write_text(json.dumps(old.to_dict()))
     new = _run("L", 4, 0.9)
-    monkeypatch.setattr(mqar_run, "train_cell", lambda c, r, log=False: new)
+    monkeypatch.setattr(mqar_run, "train_cell", lambda c, r, log=False, run_dir=None: new)
     assert mqar_run.run_cell(old.cell, rc, tmp_path) == new, "a legacy stored run is retrained"
 
 
@@ -171,11 +173,63 @@ def test_run_cell_resumes_from_its_json(tmp_path, monkeypatch):
     rc = SweepConfig()
     stored = _run("LM", 4, 1.0)
     calls = []
-    monkeypatch.setattr(mqar_run, "train_cell", lambda c, r, log=False: calls.append(c) or stored)
+    monkeypatch.setattr(
+        mqar_run, "train_cell", lambda c, r, log=False, run_dir=None: calls.append(c) or stored
+    )
     assert mqar_run.run_cell(stored.cell, rc, tmp_path) == stored
     assert mqar_run.run_cell(stored.cell, rc, tmp_path) == stored and len(calls) == 1
     f = tmp_path / "runs" / f"{stored.cell.key}.json"
     assert RunResult.from_dict(json.loads(f.read_text())) == stored
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_cell_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
+    """A cell killed after its step-4 checkpoint resumes there (conv control included) and ends with
+    the losses, accuracies and weights of a run that never stopped; its checkpoints go with the result."""
+    rc = SweepConfig(patterns=["M"], d_models=[16], pairs=[2], train_len=32, eval_multiples=[1, 2], steps=6,
+                     batch_size=4, eval_every=3, eval_n=8, warmup_steps=2, target_accuracy=1.0,
+                     checkpoint_every=2)  # fmt: skip
+    cell = Cell("M", 16, 2, "conv", 3e-3, 0)
+    built: list[torch.nn.Module] = []
+    real_build, real_seed = mqar_run.build, mqar_run.train_seed
+
+    def recorded_build(*a):
+        built.append(real_build(*a)[1])  # the model and the control's conv: what trains
+        return built[-1]["model"], built[-1]
+
+    monkeypatch.setattr(mqar_run, "build", recorded_build)
+    whole = mqar_run.train_cell(cell, rc)
+
+    def dies_at_step_5(seed: int, step: int) -> int:
+        if step == 5:
+            raise Interrupted
+        return real_seed(seed, step)
+
+    monkeypatch.setattr(mqar_run, "train_seed", dies_at_step_5)
+    with pytest.raises(Interrupted):
+        mqar_run.run_cell(cell, rc, tmp_path)
+    steps: list[int] = []
+    monkeypatch.setattr(
+        mqar_run, "train_seed", lambda seed, step: steps.append(step) or real_seed(seed, step)
+    )
+    resumed = mqar_run.run_cell(cell, rc, tmp_path)
+    assert steps == [4, 5], "the resumed cell trains from its step-4 checkpoint on"
+    assert resumed.curve == whole.curve and resumed.steps == whole.steps == 6
+    assert resumed.accuracy == whole.accuracy and resumed.val_accuracy == whole.val_accuracy
+    for k, v in built[-1].state_dict().items():
+        assert torch.equal(v, built[0].state_dict()[k]), k
+    assert not (tmp_path / "runs" / cell.key).exists() and (tmp_path / "runs" / f"{cell.key}.json").is_file()
+
+    monkeypatch.setattr(mqar_run, "train_seed", dies_at_step_5)
+    with pytest.raises(Interrupted):
+        mqar_run.train_cell(cell, rc, run_dir=tmp_path / "cut")
+    other = SweepConfig.from_dict({**rc.to_dict(), "steps": 8, "seeds": [0, 1]})
+    refused = r"^cell M-d16-p2-conv-lr0.003-s0 differs from the run's .*cell.json in steps "
+    with pytest.raises(UserError, match=refused):
+        mqar_run.train_cell(cell, other, run_dir=tmp_path / "cut")  # the seeds list chooses cells: not in it
 
 
 def test_quick_sweep_end_to_end_and_rerun_skips(tmp_path, capsys):

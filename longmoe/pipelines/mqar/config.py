@@ -19,6 +19,9 @@ from longmoe.pipelines.mqar.seeds import MAX_CELL_SEED, MAX_STEPS
 from longmoe.tasks.mqar import check_settings
 
 CONFIG_FILE = Path(__file__).with_name("config.json")
+# the fields that choose the cells (and the machine's threads, the checkpoint interval), not how one trains
+SWEEP_ONLY = ("patterns", "d_models", "pairs", "positions", "control_patterns", "lrs", "seeds", "threads",
+              "checkpoint_every", "sanity")  # fmt: skip
 ZOOLOGY_LRS = tuple(round(10**e, 6) for e in (-3.0, -2.5, -2.0, -1.5))  # numpy.logspace(-3, -1.5, 4)
 
 
@@ -72,6 +75,7 @@ class SweepConfig(JsonConfig):
     attn_res: bool = False
     init_std: float = 0.1  # ModelConfig.init_std (its 0.02 default left 1,000-step probes at chance)
     threads: int = 1
+    checkpoint_every: int = 100  # steps between a cell's checkpoints (OUT/runs/<cell>/checkpoints/)
     sanity: Cell = field(default_factory=lambda: Cell("LM", 64, 4, "none", 1e-2, 0))
 
     def __post_init__(self) -> None:
@@ -97,7 +101,7 @@ class SweepConfig(JsonConfig):
             raise ValueError(f"steps={self.steps} is invalid: expected fewer than {MAX_STEPS}")
         if any(m < 1 for m in self.eval_multiples):
             raise ValueError(f"eval_multiples={self.eval_multiples} is invalid: expected integers >= 1")
-        for name in ("steps", "batch_size", "eval_every", "eval_n", "threads"):
+        for name in ("steps", "batch_size", "eval_every", "eval_n", "threads", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} is invalid: expected a positive integer")
         if not self.init_std > 0:
@@ -120,6 +124,11 @@ class SweepConfig(JsonConfig):
             for s in self.seeds
             for lr in self.lrs
         ]
+
+    def training_settings(self) -> dict[str, object]:
+        """What decides how a cell trains (a cell's run directory keeps it: a resumed cell refuses
+        others); the fields that choose which cells run, or the threads, are not in it."""
+        return {k: v for k, v in self.to_dict().items() if k not in SWEEP_ONLY}
 
     @property
     def eval_lengths(self) -> list[int]:

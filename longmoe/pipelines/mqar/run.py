@@ -5,20 +5,25 @@ instead of redoing them (a run stored before the test rows existed is retrained)
 Training batches are fresh MQAR rows every step (seeded by the cell's seed and the step: no epochs,
 no memorisation); the validation rows (early stop, lr choice) and the test rows (reported accuracy)
 use seeds no training step uses and not each other's (``seeds``). The optimiser pieces are the
-pretraining ones (``build_optimizer``, ``LRSchedule``'s warmup + cosine, ``seed_everything``).
+pretraining ones (``build_optimizer``, ``LRSchedule``'s warmup + cosine, ``seed_everything``), and so
+is the checkpointer: an unfinished cell keeps ``OUT/runs/<cell>/`` (its settings and checkpoints every
+``checkpoint_every`` steps) and a rerun resumes it to the result an uninterrupted run gives.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import shutil
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from longmoe.distributed.parallel_dims import ParallelDims
 from longmoe.model import LongMoE
 from longmoe.pipelines.mqar.checks import expected_checks
 from longmoe.pipelines.mqar.config import Cell, SweepConfig
@@ -27,10 +32,14 @@ from longmoe.pipelines.mqar.report import write_report
 from longmoe.pipelines.mqar.result import PROTOCOL, RunResult, SweepResult
 from longmoe.pipelines.mqar.seeds import test_seed, train_seed, validation_seed
 from longmoe.tasks.mqar import answer_accuracy, mqar
+from longmoe.train.checkpointer import RNG, Checkpointer, Curve, ModuleState, Progress, Stateful
 from longmoe.train.optim import LRSchedule, ScheduleConfig, build_optimizer
+from longmoe.train.parallel import SingleProcess
 from longmoe.train.rng import seed_everything
+from longmoe.train.run import pin_config
 
 RUNS_DIR = "runs"
+CELL_CONFIG = "cell.json"  # OUT/runs/<key>/cell.json: what an unfinished cell was started with
 CONFIG_OUT = "sweep_config.json"
 GRAD_CLIP = 1.0
 RECIPE_BETAS = (0.9, 0.98)
@@ -57,9 +66,10 @@ def accuracy(
     return right / total
 
 
-def train_cell(cell: Cell, rc: SweepConfig, log: bool = False) -> RunResult:
+def train_cell(cell: Cell, rc: SweepConfig, log: bool = False, run_dir: Path | None = None) -> RunResult:
     """Train ``cell`` (early stop at ``rc.target_accuracy`` on the validation rows), then measure every
-    eval length on the test rows (and the training length on the validation rows, for the lr choice)."""
+    eval length on the test rows (and the training length on the validation rows, for the lr choice).
+    ``run_dir``: checkpoint there every ``rc.checkpoint_every`` steps and resume from it (``_run``)."""
     torch.set_num_threads(rc.threads)
     cfg = model_config(
         cell.pattern, cell.d_model, rc.vocab_size, max(rc.eval_lengths), rc.attn_res, rc.init_std
@@ -68,12 +78,16 @@ def train_cell(cell: Cell, rc: SweepConfig, log: bool = False) -> RunResult:
     model, trained = build(cfg, cell.position)
     opt = build_optimizer(trained, cell.lr, rc.weight_decay, betas=RECIPE_BETAS)
     sched = LRSchedule(opt, ScheduleConfig(lr=cell.lr, warmup_steps=rc.warmup_steps), rc.steps)
-    t0 = time.perf_counter()
-    curve: list[tuple[int, float, float]] = []  # (step, train loss, held-out accuracy)
-    step, loss = 0, float("nan")
-    while step < rc.steps:
+    done, curve = Progress(), Curve()  # curve.points: [step, train loss, held-out accuracy]
+    cp = None if run_dir is None else _run(run_dir, cell, rc, model, trained, opt, sched, done, curve)
+    while done.step < rc.steps:
         b = mqar(
-            train_seed(cell.seed, step), rc.batch_size, rc.vocab_size, rc.train_len, cell.n_pairs, rc.alpha
+            train_seed(cell.seed, done.step),
+            rc.batch_size,
+            rc.vocab_size,
+            rc.train_len,
+            cell.n_pairs,
+            rc.alpha,
         )
         sched.apply()
         out = model(b.input_ids, labels=b.labels)
@@ -82,44 +96,68 @@ def train_cell(cell: Cell, rc: SweepConfig, log: bool = False) -> RunResult:
         nn.utils.clip_grad_norm_(trained.parameters(), GRAD_CLIP)
         opt.step()
         sched.advance()
-        step += 1
-        loss = float(out.ce_loss.detach())
+        done.step += 1
+        step, loss = done.step, float(out.ce_loss.detach())
         if step % rc.eval_every == 0 or step == rc.steps:
             acc = accuracy(model, rc, cell.n_pairs, rc.train_len)
-            curve.append((step, round(loss, 4), round(acc, 4)))
+            curve.points.append([step, round(loss, 4), round(acc, 4)])
             if log:
                 print(f"  {cell.key} step {step}: loss {loss:.3f} acc {acc:.3f}", flush=True)
             if acc >= rc.target_accuracy:
                 break
-    t_train = time.perf_counter() - t0
+        if cp is not None and step % rc.checkpoint_every == 0:
+            cp.save()
+    t_train = curve.seconds
     by_len = {n: accuracy(model, rc, cell.n_pairs, n, rows=test_seed) for n in rc.eval_lengths}
+    last = curve.points[-1]
     return RunResult(
         cell=cell,
         params=sum(p.numel() for p in trained.parameters()),  # tied weights counted once
         kda_state=kda_state_numbers(cfg),
-        steps=step,
-        solved=curve[-1][2] >= rc.target_accuracy,
+        steps=done.step,
+        solved=last[2] >= rc.target_accuracy,
         train_seconds=round(t_train, 1),
-        curve=curve,
+        curve=[(int(s), lo, a) for s, lo, a in curve.points],
         accuracy={str(n): round(a, 4) for n, a in by_len.items()},
-        val_accuracy={str(rc.train_len): curve[-1][2]},  # the stopped model's validation accuracy
+        val_accuracy={str(rc.train_len): last[2]},  # the stopped model's validation accuracy
         protocol=PROTOCOL,
     )
 
 
+def _run(
+    run_dir: Path, cell: Cell, rc: SweepConfig, model: LongMoE, trained: nn.Module,
+    opt: torch.optim.Optimizer, sched: LRSchedule, done: Progress, curve: Curve,
+) -> Checkpointer:  # fmt: skip
+    """A cell's run directory (``cell.json``: the cell and the sweep's training settings, written
+    once; another is refused in one line) and its checkpointer, restored to the newest checkpoint.
+    The batches are a function of the step, so they need no state; a position control's conv is a
+    part of its own (the model's weights file holds the model alone)."""
+    pin_config(run_dir / CELL_CONFIG, {"cell": asdict(cell), **rc.training_settings()}, f"cell {cell.key}")
+    parts: dict[str, Stateful] = {"schedule": sched, "curve": curve, "rng": RNG()}
+    if isinstance(trained, nn.ModuleDict):
+        parts["control"] = ModuleState(trained["conv"])
+    strategy = SingleProcess(ParallelDims(), torch.device("cpu"))
+    cp = Checkpointer(run_dir, model, opt, strategy, model.cfg, None, done, parts, keep_last=1)
+    cp.restore()
+    return cp
+
+
 def run_cell(cell: Cell, rc: SweepConfig, out: Path, log: bool = False) -> RunResult:
     """``train_cell``, or the stored result of a finished run (``OUT/runs/<key>.json``) unless that
-    predates the test rows (``RunResult.legacy``: retrained, its file replaced)."""
+    predates the test rows (``RunResult.legacy``: retrained, its file replaced). An unfinished run
+    resumes from its checkpoints in ``OUT/runs/<key>/``, which go once its result is stored."""
     f = out / RUNS_DIR / f"{cell.key}.json"
     if f.is_file():
         stored = RunResult.from_dict(json.loads(f.read_text()))
         if not stored.legacy:
             return stored
-    r = train_cell(cell, rc, log)
+    run_dir = out / RUNS_DIR / cell.key
+    r = train_cell(cell, rc, log, run_dir)
     f.parent.mkdir(parents=True, exist_ok=True)
     tmp = f.with_suffix(".tmp")
     tmp.write_text(json.dumps(r.to_dict(), indent=2) + "\n")
     tmp.replace(f)  # atomic: a killed run leaves no half-written result
+    shutil.rmtree(run_dir, ignore_errors=True)  # the result is the run now
     return r
 
 

@@ -20,7 +20,6 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -37,7 +36,7 @@ from longmoe.pipelines.vision_extract.config import VisionExtractConfig
 from longmoe.pipelines.vision_extract.data import Batch, train_batch
 from longmoe.pipelines.vision_extract.result import PretrainCheck, TrainRun
 from longmoe.tasks.documents import held_out_seeds, render
-from longmoe.train.checkpointer import RNG, Checkpointer, Progress
+from longmoe.train.checkpointer import RNG, Checkpointer, Curve, Progress
 from longmoe.train.optim import LRSchedule, ScheduleConfig, build_optimizer
 from longmoe.train.parallel import SingleProcess
 from longmoe.train.rng import seed_everything
@@ -61,26 +60,6 @@ def control_config(rc: VisionExtractConfig) -> VisionExtractConfig:
     encoder is the linear projector (a character embedding) on 8-px "patches" (192 code slots:
     ``textgrid`` gives every character from 0 to 190 its own), whatever the image model reads with."""
     return dataclasses.replace(rc, encoder="linear", patch_size=CONTROL_PATCH)
-
-
-class Curve:
-    """A checkpoint part: the training curve so far and the seconds it took (a resumed run's time
-    adds to the earlier runs')."""
-
-    def __init__(self) -> None:
-        self.points: list[list[float]] = []
-        self.t0 = time.perf_counter()
-
-    @property
-    def seconds(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"curve": self.points, "seconds": self.seconds}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.points = [list(p) for p in state["curve"]]
-        self.t0 = time.perf_counter() - float(state["seconds"])
 
 
 def _resume(out: Path, cp: Checkpointer, model: LongMoE, opt: torch.optim.Optimizer, curve: Curve) -> bool:
