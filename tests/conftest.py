@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.model import LongMoE
@@ -58,6 +59,13 @@ def vision_dir(tmp_path_factory) -> Path:
     tiny_vision_model().save_pretrained(d)
     tokenizer_for_tests(VOCAB).save(d)
     return d
+
+
+def pytest_configure(config) -> None:
+    """Tests run torch on one thread: their tensors are tiny, so a second intra-op thread only adds
+    synchronisation, and on a shared machine a busy core makes every parallel op wait for it (a test
+    that needs more threads sets them itself)."""
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

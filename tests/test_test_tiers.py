@@ -1,14 +1,18 @@
 """The tier rule (tests/helpers/tiers.py) places tests by what their code reaches: a process, a
-server or a browser makes a test integration, directly, through a helper of its module, or through a
-fixture; anything else is unit. A slow test must state its wall time."""
+server, a browser or a torch.compile graph makes a test integration, directly, through a helper of its
+module, or through a fixture; anything else is unit. A slow test must state its wall time."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
+from longmoe.serve.compiled import CompiledSteps
+from longmoe.serve.engine import EngineConfig
 from tests.helpers.server import serving
 from tests.helpers.tiers import SLOW_WITHOUT_WALL, is_integration, missing_wall, reaches
 
@@ -28,6 +32,40 @@ def _serves(app) -> None:
 
 def _pure() -> int:
     return sum(range(3))
+
+
+def _torch_compiles():
+    return torch.compile(_pure, backend="eager")
+
+
+def _dynamo_reset() -> None:
+    torch._dynamo.reset()
+
+
+def _compiled_steps(model):
+    return CompiledSteps(model, backend="eager")
+
+
+def _compiled_engine_config():
+    return EngineConfig(compile=True)
+
+
+def _regex() -> bool:
+    return re.compile("a+").match("aa") is not None and torch.compiler.is_compiling() is False
+
+
+def _decorates():
+    @torch.compile(backend="eager", fullgraph=True)
+    def step(x):
+        return x + 1
+
+    return step
+
+
+def test_torch_compile_graphs_are_integration():
+    for fn in (_torch_compiles, _decorates, _dynamo_reset, _compiled_steps, _compiled_engine_config):
+        assert reaches(fn), fn.__name__
+    assert not reaches(_regex), "re.compile and torch.compiler's flags build no graph"
 
 
 def test_processes_servers_and_helpers_reaching_them_are_integration():

@@ -20,9 +20,7 @@ from longmoe.eval.agent.policies import EndpointAgent, ExpertForcedAgent
 from longmoe.model import LongMoE
 from longmoe.presets import preset
 from longmoe.serve.api import create_app
-from longmoe.serve.engine import Engine, EngineConfig
 from tests.helpers.server import serving, wait_idle
-from tests.helpers.tokenizer import tokenizer_for_tests
 
 H = 32
 CTX = 16_384
@@ -33,16 +31,16 @@ def _long_env():
 
 
 @pytest.fixture(scope="module")
-def engine_parts():
+def model(tok):
     torch.manual_seed(0)
-    tok = tokenizer_for_tests(512)
     cfg = preset("tiny").replace(vocab_size=tok.vocab_size, n_layers=4, max_seq_len=CTX)
-    return LongMoE(cfg).eval(), tok
+    return LongMoE(cfg).eval()
 
 
-def _engine(parts, **kw) -> Engine:
-    model, tok = parts
-    return Engine(model, tok, EngineConfig(max_context=CTX, prefill_chunk=512, max_batch=8, **kw))
+@pytest.fixture(scope="module")
+def engine(model, make_engine):
+    """``engine(**fields)``: an engine over the module's model with a ``CTX`` context."""
+    return lambda **kw: make_engine(model, **{"max_context": CTX, "prefill_chunk": 512, "max_batch": 8, **kw})
 
 
 def test_expert_forced_env_plays_the_expert_whatever_the_turn() -> None:
@@ -56,13 +54,13 @@ def test_expert_forced_env_plays_the_expert_whatever_the_turn() -> None:
 
 
 @pytest.mark.slow(wall="not measured (a 32-turn episode through the engine)")
-def test_horizon_32_through_the_engine_with_sessions(engine_parts) -> None:
+def test_horizon_32_through_the_engine_with_sessions(engine) -> None:
     cfg = RolloutConfig(group_size=1, max_turn_tokens=8, max_episode_tokens=CTX - 1, seed=3)
     with torch.inference_mode():
-        with _engine(engine_parts) as e:
+        with engine() as e:
             kept = collect(e, lambda i: _long_env(), [7], cfg)
             stats = e.stats()
-        with _engine(engine_parts, prefix_cache=False) as e:
+        with engine(prefix_cache=False) as e:
             again = collect(
                 e, lambda i: _long_env(), [7], RolloutConfig(**{**cfg.__dict__, "sessions": False})
             )
@@ -79,18 +77,14 @@ def test_horizon_32_through_the_engine_with_sessions(engine_parts) -> None:
 
 
 @pytest.mark.slow(wall="not measured (33 requests through the HTTP server)")
-def test_horizon_32_through_the_http_server_with_tools(engine_parts) -> None:
+def test_horizon_32_through_the_http_server_with_tools(engine) -> None:
     """33 function-calling requests of a growing conversation with tool messages: the server
     answers every one; the conversation's prompt grows by each observation."""
-    engine = _engine(engine_parts)
-    try:
-        with serving(create_app(engine, model_name="tiny")) as url:
-            agent = ExpertForcedAgent(EndpointAgent(f"{url}/v1", "tiny", timeout=120))
-            env = make_env("calculator", horizon=H, distractors=4, corrections=2)
-            r = run_episode(agent, env, 11, max_tokens=4)
-            wait_idle(engine)
-    finally:
-        engine.close()
+    with engine() as e, serving(create_app(e, model_name="tiny")) as url:
+        agent = ExpertForcedAgent(EndpointAgent(f"{url}/v1", "tiny", timeout=120))
+        env = make_env("calculator", horizon=H, distractors=4, corrections=2)
+        r = run_episode(agent, env, 11, max_tokens=4)
+        wait_idle(e)
     assert r.success and r.turns == H + 1 and r.tool_calls == H
     prompts = [x.prompt_tokens for x in agent.replies]
     assert len(prompts) == r.turns and all(b > a for a, b in zip(prompts, prompts[1:], strict=False))

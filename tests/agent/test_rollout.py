@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from longmoe.agent.rollout import RolloutConfig, collect
-from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 from tests.helpers.agent import FakeEnv
 
@@ -51,10 +50,10 @@ def test_rollout_logprobs_match_teacher_forcing(engine):
     assert torch.allclose(lp[mask], got[mask], atol=2e-3)
 
 
-def test_sessions_equal_resubmission_and_reproducible(model_dir, engine):
+def test_sessions_equal_resubmission_and_reproducible(make_engine, engine):
     a = collect(engine, lambda i: FakeEnv(), [7, 8], CFG)
     b = collect(engine, lambda i: FakeEnv(), [7, 8], CFG)
-    with Engine.from_dir(model_dir, prefill_chunk=32, prefix_cache=False) as plain:
+    with make_engine(prefill_chunk=32, prefix_cache=False) as plain:
         c = collect(plain, lambda i: FakeEnv(), [7, 8], RolloutConfig(**{**CFG.__dict__, "sessions": False}))
     assert [t.ids for t in a] == [t.ids for t in b] == [t.ids for t in c]
     assert [t.reward for t in a] == [t.reward for t in c]
@@ -71,13 +70,13 @@ def test_episode_truncated_at_the_token_limit(engine):
     assert engine.stats()["sessions_idle"] == 0 and engine.budget.reserved_bytes == 0
 
 
-def test_rollouts_run_their_steps_in_the_collecting_thread(model_dir):
+def test_rollouts_run_their_steps_in_the_collecting_thread(make_engine):
     """``collect`` drives the engine from its own thread (the one that trains): no engine thread starts,
     and a second engine that already runs one still serves it (the caller then only waits)."""
-    with Engine.from_dir(model_dir, prefill_chunk=32, max_batch=16) as e:
+    with make_engine(prefill_chunk=32, max_batch=16) as e:
         trajs = collect(e, lambda i: FakeEnv(), [11], CFG)
         assert e._thread is None and len(trajs) == CFG.group_size
-    with Engine.from_dir(model_dir, prefill_chunk=32, max_batch=16) as e:
+    with make_engine(prefill_chunk=32, max_batch=16) as e:
         done = threading.Event()
         e.submit("x", SamplingParams(max_tokens=2), sink=lambda ev: ev.done and done.set())  # starts it
         assert done.wait(60) and e._thread is not None

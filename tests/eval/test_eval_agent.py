@@ -31,7 +31,6 @@ from longmoe.eval.plots import plot_run
 from longmoe.model import LongMoE
 from longmoe.presets import preset
 from longmoe.serve.api import create_app, serve_in_thread
-from longmoe.serve.engine import Engine
 from tests.helpers.tokenizer import tokenizer_for_tests
 
 _here = threading.local()  # the environment of the episode this thread plays
@@ -184,10 +183,10 @@ def test_cli_local_model(model_dir, tmp_path, capsys):
     assert s["overall"]["tokens"] > 0 and "| calculator | 1 | 2 |" in capsys.readouterr().out
 
 
-def test_cli_endpoint_is_longmoe_server(model_dir, tmp_path, monkeypatch):
+def test_cli_endpoint_is_longmoe_server(make_engine, tmp_path, monkeypatch):
     """The same command through the function-calling API of longmoe's own server (key from a
     named environment variable)."""
-    engine = Engine.from_dir(model_dir)
+    engine = make_engine()
     srv, th, port = serve_in_thread(create_app(engine, model_name="tiny", api_key="k"))
     monkeypatch.setenv("MY_KEY", "k")
     try:

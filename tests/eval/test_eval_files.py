@@ -9,7 +9,6 @@ import pytest
 from longmoe.eval.clients import ClientError, FileEndpointClient
 from longmoe.eval.longctx import runner
 from longmoe.serve.api import create_app
-from longmoe.serve.engine import Engine
 from longmoe.serve.files.store import LocalStore
 from tests.helpers.server import serving
 
@@ -17,9 +16,9 @@ pytest.importorskip("pypdf")
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+def server(make_engine, tmp_path_factory):
     root = tmp_path_factory.mktemp("files")
-    engine = Engine.from_dir(model_dir)
+    engine = make_engine()
     with serving(create_app(engine, model_name="tiny", files=LocalStore(root))) as url:
         yield url, root
     engine.close()

@@ -1,11 +1,14 @@
 """The test tiers, decided by rule (tests/README.md, "Tiers"): a test is **integration** when it, a
 fixture it uses, or a function of its module it calls reaches a name that starts another process, a
-server or a browser (``INTEGRATION_NAMES``); **slow** when marked ``@pytest.mark.slow(wall=...)``;
-**unit** otherwise. The rule reads the code (names in the compiled functions), so a new test is
-placed without anyone marking it."""
+server or a browser (``INTEGRATION_NAMES``), or builds a ``torch.compile`` graph (``compiles``:
+``torch.compile``, ``torch._dynamo``, longmoe's ``CompiledSteps``, an ``EngineConfig(compile=...)``:
+dynamo traces for seconds per graph, and inductor builds C++ in a compiler process); **slow** when
+marked ``@pytest.mark.slow(wall=...)``; **unit** otherwise. The rule reads the code (names in the
+compiled functions), so a new test is placed without anyone marking it."""
 
 from __future__ import annotations
 
+import dis
 import types
 from collections.abc import Callable, Iterable
 
@@ -29,6 +32,9 @@ INTEGRATION_NAMES = frozenset(
         "chromium_page",  # tests/helpers/browser.py: Playwright's chromium
     }
 )
+# what builds a torch.compile graph (``torch.compile`` itself is found by ``compiles``: the attribute
+# ``compile`` of the name ``torch``, not ``re.compile``; ``compile=`` a keyword of a call)
+COMPILE_NAMES = frozenset({"_dynamo", "CompiledSteps"})  # torch._dynamo; longmoe.serve.compiled
 DEPTH = 4  # how far calls into the test module's own functions are followed
 SLOW_WITHOUT_WALL = pytest.StashKey[list[str]]()  # set at collection by tests/conftest.py
 
@@ -40,9 +46,24 @@ def _codes(code: types.CodeType) -> Iterable[types.CodeType]:
             yield from _codes(c)
 
 
+def compiles(code: types.CodeType) -> bool:
+    """Whether ``code`` (not its nested functions) names ``torch.compile``, ``COMPILE_NAMES`` or passes
+    a ``compile=`` keyword."""
+    if set(code.co_names) & COMPILE_NAMES:
+        return True
+    if any(isinstance(c, tuple) and "compile" in c for c in code.co_consts):  # a call's keyword names
+        return True
+    prev = None
+    for ins in dis.get_instructions(code):
+        if ins.argval == "compile" and prev is not None and prev.argval == "torch":
+            return True
+        prev = ins
+    return False
+
+
 def reaches(fn: Callable, depth: int = DEPTH, seen: set | None = None) -> bool:
     """Whether ``fn`` (or a function of its own module it names, ``depth`` calls deep) names one of
-    ``INTEGRATION_NAMES``."""
+    ``INTEGRATION_NAMES`` or ``compiles``."""
     fn = getattr(fn, "__wrapped__", fn)
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -52,7 +73,7 @@ def reaches(fn: Callable, depth: int = DEPTH, seen: set | None = None) -> bool:
         return False
     seen.add(code)
     names = {n for c in _codes(code) for n in c.co_names}
-    if names & INTEGRATION_NAMES:
+    if names & INTEGRATION_NAMES or any(compiles(c) for c in _codes(code)):
         return True
     if depth == 0:
         return False

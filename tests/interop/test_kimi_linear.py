@@ -21,10 +21,9 @@ from longmoe.interop.kimi_linear import RECORD_FILE, from_hf, to_hf
 from longmoe.layers.mla import DECODE_PATHS
 from longmoe.model import LongMoE
 from longmoe.presets import preset
-from longmoe.serve.engine import Engine, EngineConfig
+from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 from tests.helpers.kimi import PROMPT_LENGTHS, VOCAB, hf_config, hf_model, save_hf
-from tests.helpers.tokenizer import tokenizer_for_tests
 
 pytest.importorskip("transformers")
 TOL = 1e-4
@@ -118,13 +117,13 @@ def test_prefill_then_decode_through_the_cache(which, path, request):
 
 
 @pytest.mark.parametrize("which", PAIRS)
-def test_engine_greedy_decode_matches(which, request):
+def test_engine_greedy_decode_matches(which, request, make_engine):
     """Chunked prefill + batched decode in the serving engine: chosen tokens, their log-probs and the top-5
     alternatives equal transformers' full forward over prompt + completion."""
     hf, lm, _ = request.getfixturevalue(which)
     prompts = [p[0].tolist() for p in _prompts(2)[1:]]
     params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=5, ignore_eos=True)
-    with Engine(lm, tokenizer_for_tests(VOCAB), EngineConfig(prefill_chunk=8, max_batch=4)) as eng:
+    with make_engine(lm, prefill_chunk=8, max_batch=4) as eng:
         results = eng.generate_batch(prompts, params)
     for prompt, res in zip(prompts, results, strict=True):
         seq = torch.tensor([prompt + res.token_ids])

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from longmoe.cli import main
-from longmoe.serve.engine import Engine, RequestHandle
+from longmoe.serve.engine import RequestHandle
 from longmoe.serve.sampling import SamplingParams
 
 CTRL_C = object()  # a stdin "line" that is a Ctrl-C instead
@@ -35,9 +35,9 @@ class Keyboard:
 
 
 @pytest.fixture(scope="module")
-def first_reply(model_dir) -> str:
+def first_reply(make_engine) -> str:
     """The greedy reply to a fresh conversation's "hello"."""
-    with Engine.from_dir(model_dir) as e:
+    with make_engine() as e:
         ids = e.encode_chat([{"role": "user", "content": "hello"}])
         return e.generate(ids, SamplingParams(max_tokens=8, temperature=0.0)).text
 

@@ -16,7 +16,6 @@ import pytest
 from longmoe.serve.api import create_app
 from longmoe.serve.api.access import key_id, request_id
 from longmoe.serve.api.tracing import Tracer
-from longmoe.serve.engine import Engine
 from tests.helpers.server import serving, wait_idle
 
 KEY = "sk-test-key-123"
@@ -128,7 +127,7 @@ def test_each_request_is_a_trace_of_queue_prefill_decode(url, engine, spans):
     assert p.end_time <= d.start_time + 1_000 and d.end_time <= root.end_time + 1_000
 
 
-def test_a_failing_exporter_never_fails_a_request(model_dir):
+def test_a_failing_exporter_never_fails_a_request(make_engine):
     class Broken:
         def export(self, batch):
             raise RuntimeError("collector down")
@@ -136,7 +135,7 @@ def test_a_failing_exporter_never_fails_a_request(model_dir):
         def shutdown(self):
             pass
 
-    e = Engine.from_dir(model_dir)
+    e = make_engine()
     try:
         app = create_app(e, model_name="tiny", tracer=Tracer(Broken(), batch=False))
         with serving(app) as u:

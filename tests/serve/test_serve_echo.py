@@ -17,8 +17,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
-    engine = Engine.from_dir(model_dir, prefill_chunk=16)
+def server(make_engine):
+    engine = make_engine(prefill_chunk=16)
     app = create_app(engine, model_name="tiny", api_key=KEY)
     with serving(app) as url, httpx.Client(base_url=url, headers=AUTH, timeout=60) as c:
         yield engine, c

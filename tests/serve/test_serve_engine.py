@@ -47,12 +47,12 @@ def test_greedy_equals_full_forward_argmax(engine):
     assert len({tuple(engine.generate(p, GREEDY).token_ids) for p in PROMPTS}) == len(PROMPTS)
 
 
-def test_chunked_prefill_sizes_identical(model_dir, engine):
+def test_chunked_prefill_sizes_identical(make_engine, engine):
     prompt = "def parse(text):\n    for line in text.splitlines():\n        yield line.strip()\n"
     ref = engine.generate(prompt, GREEDY).token_ids
     assert len(engine.encode_prompt(prompt)) > 16
     for cs in (1, 3, 16, 512):
-        with Engine.from_dir(model_dir, prefill_chunk=cs) as e:
+        with make_engine(prefill_chunk=cs) as e:
             assert e.generate(prompt, GREEDY).token_ids == ref, f"prefill_chunk={cs}"
 
 
@@ -194,24 +194,24 @@ def test_request_validation(engine):
         EngineConfig(max_context=1)
 
 
-def test_max_context_defaults_to_the_window_and_can_be_raised(model_dir):
+def test_max_context_defaults_to_the_window_and_can_be_raised(make_engine):
     ids = [5 + i % (VOCAB - 10) for i in range(MAX_CONTEXT)]  # as long as the window: no room left
-    with Engine.from_dir(model_dir) as e:
+    with make_engine() as e:
         assert e.max_context == MAX_CONTEXT
         with pytest.raises(EngineError, match="^prompt:.*context window"):
             e.generate(ids, GREEDY)
-    with Engine.from_dir(model_dir, max_context=2 * MAX_CONTEXT) as e:
+    with make_engine(max_context=2 * MAX_CONTEXT) as e:
         c = e.generate(ids, GREEDY)
         assert c.prompt_tokens == MAX_CONTEXT and len(c.token_ids) == GREEDY.max_tokens
         assert c.token_ids == argmax_loop(e.model, ids, GREEDY.max_tokens)
 
 
-def test_cache_budget_rejects_and_waits(model_dir):
-    probe = Engine.from_dir(model_dir)
+def test_cache_budget_rejects_and_waits(make_engine):
+    probe = make_engine()
     spec = probe.spec
     probe.close()
     one = spec.bytes_for(64)  # room for one request of <= 64 tokens at a time
-    with Engine.from_dir(model_dir, cache_budget_bytes=one + spec.fixed // 2) as e:
+    with make_engine(cache_budget_bytes=one + spec.fixed // 2) as e:
         with pytest.raises(EngineError, match="max_tokens: request needs .* cache budget"):
             e.generate("hi", SamplingParams(max_tokens=200))
         p = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
@@ -277,13 +277,11 @@ def test_sampling_filters():
     assert process_logits(logits, s).tolist()[0] == 1.0
 
 
-def test_a_consumer_that_raises_loses_only_its_own_request():
+def test_a_consumer_that_raises_loses_only_its_own_request(make_engine):
     """A library caller's sink that raises mid-stream finishes that request with an error; the other
     requests in the same batch run to the end unchanged."""
-    from longmoe.serve.engine import Engine
     from longmoe.serve.sampling import SamplingParams
     from tests.helpers.models import tiny_model
-    from tests.helpers.tokenizer import tokenizer_for_tests
 
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     events = []
@@ -293,7 +291,7 @@ def test_a_consumer_that_raises_loses_only_its_own_request():
         if len(events) == 2:
             raise RuntimeError("consumer went away")
 
-    with Engine(tiny_model(), tokenizer_for_tests(VOCAB)) as e:
+    with make_engine(tiny_model()) as e:
         ref = e.generate([5, 6, 7, 8], params).token_ids
         e.submit([9, 10, 11], params, sink=bad_sink)
         good = e.submit([5, 6, 7, 8], params)
@@ -301,10 +299,10 @@ def test_a_consumer_that_raises_loses_only_its_own_request():
     assert len(events) == 3 and events[-1].done is not None and events[-1].done.finish_reason == "error"
 
 
-def test_a_waiting_caller_runs_the_steps_in_its_own_thread(model_dir, monkeypatch):
+def test_a_waiting_caller_runs_the_steps_in_its_own_thread(make_engine, monkeypatch):
     """Queue handles are driven by the caller waiting on them (the thread that built the model keeps
     one OpenMP pool): no engine thread starts, and every step runs in the caller's thread."""
-    with Engine.from_dir(model_dir, prefill_chunk=8) as e:
+    with make_engine(prefill_chunk=8) as e:
         seen = []
         step = e.step
         monkeypatch.setattr(e, "step", lambda: (seen.append(threading.get_ident()), step())[1])
@@ -313,11 +311,11 @@ def test_a_waiting_caller_runs_the_steps_in_its_own_thread(model_dir, monkeypatc
         assert e._thread is None and seen and set(seen) == {threading.get_ident()}
 
 
-def test_sink_requests_run_on_the_engine_thread_beside_waiting_callers(model_dir):
+def test_sink_requests_run_on_the_engine_thread_beside_waiting_callers(make_engine):
     """A sink's events flow with nobody waiting (the API server's case): the engine thread starts and
     runs them; a queue handle submitted meanwhile waits for that thread instead of pumping, with the
     same greedy tokens as alone."""
-    with Engine.from_dir(model_dir, prefill_chunk=8) as e:
+    with make_engine(prefill_chunk=8) as e:
         want = e.generate(PROMPTS[0], GREEDY).token_ids
         got = []
         done = threading.Event()
@@ -333,8 +331,8 @@ def test_sink_requests_run_on_the_engine_thread_beside_waiting_callers(model_dir
         assert done.wait(60) and got == want
 
 
-def test_a_stream_stopped_early_frees_its_row_without_an_engine_thread(model_dir):
-    with Engine.from_dir(model_dir, prefill_chunk=8) as e:
+def test_a_stream_stopped_early_frees_its_row_without_an_engine_thread(make_engine):
+    with make_engine(prefill_chunk=8) as e:
         it = e.stream(PROMPTS[0], SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True))
         next(it)
         it.close()  # cancels; the cancelling caller runs the step that drops the row
@@ -342,10 +340,10 @@ def test_a_stream_stopped_early_frees_its_row_without_an_engine_thread(model_dir
         assert e.stats()["running"] == 0 and e.cache_bytes_in_use == 0
 
 
-def test_run_forever_runs_every_step_on_its_thread_until_stopped(model_dir, monkeypatch):
+def test_run_forever_runs_every_step_on_its_thread_until_stopped(make_engine, monkeypatch):
     """``run_forever`` (``longmoe serve``'s main thread) runs sink and queue requests alike on the thread
     that called it, refuses a second runner, and returns on ``stop()``."""
-    with Engine.from_dir(model_dir, prefill_chunk=8) as e:
+    with make_engine(prefill_chunk=8) as e:
         want = e.generate(PROMPTS[0], GREEDY).token_ids
         seen = []
         step = e.step

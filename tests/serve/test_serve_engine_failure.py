@@ -12,7 +12,6 @@ import openai
 import pytest
 
 from longmoe.serve.api import create_app
-from longmoe.serve.engine import Engine
 from tests.helpers.prom import scrape, value
 from tests.helpers.server import serving
 
@@ -22,9 +21,9 @@ class _Boom(RuntimeError):
 
 
 @pytest.fixture(scope="module")
-def failing(model_dir):
+def failing(make_engine):
     """A live server whose engine fails one step: with ``armed[0] = n``, the step after the next ``n``."""
-    engine = Engine.from_dir(model_dir, prefill_chunk=16)
+    engine = make_engine(prefill_chunk=16)
     armed: list[int | None] = [None]
     step = engine.step
 

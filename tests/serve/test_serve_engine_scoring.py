@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.scoring import score_prompt
 from tests.helpers.models import VOCAB, tiny_model
@@ -25,10 +24,10 @@ def model():
 
 
 @pytest.mark.parametrize("chunk", [5, 512])
-def test_engine_scores_equal_the_reference(model, tok, chunk):
+def test_engine_scores_equal_the_reference(make_engine, model, chunk):
     ids = ids_of(23, 0)
     ref = score_prompt(model, ids, top_k=3)
-    with Engine(model, tok, EngineConfig(prefill_chunk=chunk)) as e:
+    with make_engine(model, prefill_chunk=chunk) as e:
         c = e.generate(ids, SamplingParams(max_tokens=0, prompt_logprobs=3))
     assert c.token_ids == [] and c.finish_reason == "length" and c.cached_tokens == 0
     assert c.prompt_logprobs[0] is None and c.prompt_top_logprobs[0] is None
@@ -38,11 +37,11 @@ def test_engine_scores_equal_the_reference(model, tok, chunk):
         assert [t for t, _ in got] == [t for t, _ in want]
 
 
-def test_scoring_beside_generation_changes_nothing(model, tok):
+def test_scoring_beside_generation_changes_nothing(make_engine, model):
     """A scored request that also generates, submitted with plain ones: every output is what it is
     alone, and the scores are the reference's (the scored prompt is a chunk of its own)."""
     prompts = [ids_of(40, s) for s in range(3)]
-    with Engine(model, tok, EngineConfig(prefill_chunk=16)) as e:
+    with make_engine(model, prefill_chunk=16) as e:
         alone = [e.generate(p, GREEDY).token_ids for p in prompts]
         first = e.generate(prompts[0], GREEDY)  # a snapshot of prompt 0 is stored: scoring must not use it
         assert first.cached_tokens > 0

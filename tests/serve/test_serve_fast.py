@@ -13,8 +13,7 @@ from longmoe.quantize import weight_bytes
 from longmoe.serve.compiled import CompiledSteps
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
-from tests.helpers.models import VOCAB, tiny_model
-from tests.helpers.tokenizer import tokenizer_for_tests
+from tests.helpers.models import tiny_model
 
 PROMPTS = ["import os", "class Foo(object):\n    def", "x = [1, 2, 3]\nfor"]
 # different lengths: the batch shrinks 3 -> 2 -> 1 as requests finish, and the contexts cross the
@@ -29,9 +28,12 @@ def _params(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
 
-def _engine(small: bool = False, **kw) -> Engine:
-    model = tiny_model(**SMALL) if small else tiny_model()
-    return Engine(model, tokenizer_for_tests(VOCAB), EngineConfig(prefill_chunk=16, **kw))
+@pytest.fixture(scope="module")
+def engine(make_engine):
+    """``engine(small=False, **fields)``: the tiny model (``SMALL``: two layers), 16-token chunks."""
+    return lambda small=False, **kw: make_engine(
+        tiny_model(**SMALL) if small else tiny_model(), prefill_chunk=16, **kw
+    )
 
 
 def _tokens(e: Engine) -> list[list[int]]:
@@ -41,15 +43,15 @@ def _tokens(e: Engine) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_quantized_engine_decodes_and_weights_shrink(mode):
+def test_quantized_engine_decodes_and_weights_shrink(engine, mode):
     """A quantized engine decodes whole requests, batched like solo, and holds fewer weight bytes."""
     full = weight_bytes(tiny_model())["total"]
-    e = _engine(quantize=mode)
+    e = engine(quantize=mode)
     assert e.model.quantization == mode
     assert weight_bytes(e.model)["total"] < (0.5 if mode == "int8" else 0.4) * full
     batched = _tokens(e)
     assert [len(t) for t in batched] == MAX_TOKENS
-    with _engine(quantize=mode) as solo:
+    with engine(quantize=mode) as solo:
         assert solo.generate(PROMPTS[2], _params(MAX_TOKENS[2])).token_ids == batched[2]
     with pytest.raises(ValueError, match="quantize: expected None or one of"):
         EngineConfig(quantize="int3")
@@ -72,10 +74,10 @@ SMALL = {"n_layers": 2, "layer_pattern": "LM", "attn_res_blocks": 2}
 MORE_PROMPTS = ["def main(argv):\n    return", "while True:", "print('hello, world')", "y = x * 2"]
 
 
-def _compiled_engine(backend: str) -> Engine:
+def _compiled_engine(engine, backend: str) -> Engine:
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    e = _engine(small=True)
+    e = engine(small=True)
     e.compiled = CompiledSteps(e.model, backend=backend)
     return e
 
@@ -84,12 +86,12 @@ def _graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-def test_compiled_tokens_identical_and_recompiles_bounded():
+def test_compiled_tokens_identical_and_recompiles_bounded(engine):
     """Dynamo capture (eager backend: the graphs and guards of --compile without inductor's C++ build):
     identical greedy tokens; a bounded number of graphs; and a second round of requests (new prompt
     lengths, batch sizes 1-4, contexts past a capacity bucket) compiles nothing new."""
-    eager = _tokens(_engine(small=True))
-    e = _compiled_engine("eager")
+    eager = _tokens(engine(small=True))
+    e = _compiled_engine(engine, "eager")
     first = e.generate_batch(PROMPTS, [_params(n) for n in MAX_TOKENS])
     assert [c.token_ids for c in first] == eager
     n_graphs = _graphs()
@@ -101,23 +103,23 @@ def test_compiled_tokens_identical_and_recompiles_bounded():
 
 
 @pytest.mark.slow(wall="not measured; an inductor compile, minutes on 2 cores")
-def test_compiled_inductor_tokens_identical():
+def test_compiled_inductor_tokens_identical(engine):
     """The real thing (inductor, C++ kernels) on the full run: identical greedy tokens (the fast check
     is tests/serve/test_serve_compiled.py)."""
-    eager = _tokens(_engine(small=True))
-    e = _compiled_engine("inductor")
+    eager = _tokens(engine(small=True))
+    e = _compiled_engine(engine, "inductor")
     assert _tokens(e) == eager
     assert e.compiled is not None and e.compiled.compile_seconds > 0
 
 
 @pytest.mark.slow(wall="not measured")
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_compiled_quantized_tokens_identical(mode):
+def test_compiled_quantized_tokens_identical(engine, mode):
     """--compile with --quantize: the quantized experts run eagerly between compiled pieces (their
     host loop is excluded from tracing), same greedy tokens as the quantized eager engine."""
-    with _engine(small=True, quantize=mode) as ref:
+    with engine(small=True, quantize=mode) as ref:
         want = ref.generate(PROMPTS[0], _params(20)).token_ids
-    e = _engine(small=True, quantize=mode)
+    e = engine(small=True, quantize=mode)
     e.compiled = CompiledSteps(e.model, backend="eager")
     with e:
         assert e.generate(PROMPTS[0], _params(20)).token_ids == want

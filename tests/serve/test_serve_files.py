@@ -15,7 +15,6 @@ import pytest
 
 from longmoe.serve.api import create_app
 from longmoe.serve.api.security import KeyRing
-from longmoe.serve.engine import Engine
 from longmoe.serve.files.service import FileQuota
 from longmoe.serve.files.store import LocalStore
 from tests.helpers.documents import image_pdf, text_pdf
@@ -28,9 +27,9 @@ REPORT = ("The quarterly report of the river mill: output rose by nine percent, 
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+def server(make_engine, tmp_path_factory):
     root = tmp_path_factory.mktemp("files")
-    engine = Engine.from_dir(model_dir, prefill_chunk=BS, prefix_block_size=BS)
+    engine = make_engine(prefill_chunk=BS, prefix_block_size=BS)
     app = create_app(
         engine,
         model_name="tiny",
@@ -151,8 +150,8 @@ def test_image_only_pdf_to_a_text_model_is_a_400_naming_the_reason(server):
         ask(client(url, "alice-key-0001"), part, "What is on the page?")
 
 
-def test_missing_key_is_401_and_files_off_is_404(model_dir):
-    engine = Engine.from_dir(model_dir)
+def test_missing_key_is_401_and_files_off_is_404(make_engine):
+    engine = make_engine()
     with serving(create_app(engine, model_name="tiny")) as url:
         r = httpx.get(url + "/v1/files")
         assert r.status_code == 404 and "--files-dir" in r.json()["error"]["message"]

@@ -16,7 +16,6 @@ import pytest
 
 from longmoe.serve.api import create_app
 from longmoe.serve.api.security import KeyRing
-from longmoe.serve.engine import Engine
 from longmoe.serve.files.documents import DocumentLimits
 from longmoe.serve.files.service import FileQuota
 from longmoe.serve.files.store import LocalStore
@@ -41,9 +40,9 @@ pytestmark = pytest.mark.slow(wall="about a minute on 2 cores")
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+def server(make_engine, tmp_path_factory):
     root = tmp_path_factory.mktemp("files")
-    engine = Engine.from_dir(model_dir)
+    engine = make_engine()
     app = create_app(
         engine,
         model_name="tiny",

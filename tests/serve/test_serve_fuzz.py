@@ -14,7 +14,6 @@ import httpx
 import pytest
 
 from longmoe.serve.api import create_app
-from longmoe.serve.engine import Engine
 from tests.helpers.server import port_of, serving
 
 SEED = 19
@@ -143,8 +142,8 @@ def hostile_request(rng: random.Random, port: int) -> tuple[str, str, dict[str, 
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
-    with Engine.from_dir(model_dir, max_context=64) as engine:  # every generation stays short
+def server(make_engine):
+    with make_engine(max_context=64) as engine:  # every generation stays short
         app = create_app(engine, model_name="tiny", api_key=KEY, max_body_bytes=MAX_BODY, body_timeout_s=5)
         with serving(app) as url:
             yield engine, port_of(url)

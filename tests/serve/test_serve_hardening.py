@@ -21,7 +21,6 @@ from starlette.testclient import TestClient
 from longmoe.serve.api import create_app, serve_in_thread
 from longmoe.serve.api.protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from longmoe.serve.api.web import script_literal
-from longmoe.serve.engine import Engine
 from tests.helpers.server import port_of, serving
 
 KEY = "k"
@@ -37,9 +36,9 @@ def engine(make_engine):
 
 
 @pytest.fixture
-def slow_engine(model_dir):
+def slow_engine(make_engine):
     """An engine whose every forward takes 5 ms more: long requests stay in flight for seconds."""
-    with Engine.from_dir(model_dir) as e:
+    with make_engine() as e:
         fwd = e.model.forward
 
         def slow(*a, **kw):

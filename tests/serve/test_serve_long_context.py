@@ -13,11 +13,9 @@ import httpx
 import pytest
 
 from longmoe.serve.budget import CacheSpec
-from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 from tests.helpers.models import tiny_model
 from tests.helpers.serve_proc import serve_process
-from tests.helpers.tokenizer import tokenizer_for_tests
 
 
 def test_serve_token_limit_and_body_limit(model_dir):
@@ -46,7 +44,7 @@ def test_serve_token_limit_and_body_limit(model_dir):
 
 
 @pytest.mark.parametrize("room_mib", [1, 24])
-def test_prefix_snapshots_of_a_long_prompt_stay_inside_the_budget(room_mib):
+def test_prefix_snapshots_of_a_long_prompt_stay_inside_the_budget(make_engine, room_mib):
     """An 8K-token prompt fed in 2,048-token chunks offers one snapshot node per chunk, each holding the
     recurrent states at its 128 block boundaries (~8 MB on the tiny preset: 32 MB for the prompt; at
     256K tokens ~1 GB, which is what a long request left resident under the default 1 GiB budget).
@@ -55,8 +53,8 @@ def test_prefix_snapshots_of_a_long_prompt_stay_inside_the_budget(room_mib):
     model = tiny_model(max_seq_len=32 * 1024)
     spec = CacheSpec.of(model)
     budget = spec.bytes_for(8_200, 16) + (room_mib << 20)  # the request, and room for some snapshots
-    cfg = EngineConfig(prefill_chunk=2048, max_context=8_200, cache_budget_bytes=budget, block_size=16)
-    with Engine(model, tokenizer_for_tests(), cfg) as engine:
+    cfg = dict(prefill_chunk=2048, max_context=8_200, cache_budget_bytes=budget, block_size=16)
+    with make_engine(model, **cfg) as engine:
         store, seen = engine.prefix.store, []
 
         def checked_store(*a, **kw):  # noqa: ANN002, ANN003, ANN202

@@ -29,13 +29,15 @@ def plain(make_engine):
     return make_engine(prefill_chunk=16, prefix_cache=False)
 
 
-def reuse_engine(model_dir, **kw) -> Engine:
-    return Engine.from_dir(model_dir, **{"prefill_chunk": 16, "prefix_block_size": BS, **kw})
+@pytest.fixture(scope="module")
+def reuse_engine(make_engine):
+    """``reuse_engine(**fields)``: an engine with the prefix cache on ``BS``-token blocks."""
+    return lambda **kw: make_engine(**{"prefill_chunk": 16, "prefix_block_size": BS, **kw})
 
 
-def test_outputs_identical_for_hits_at_every_alignment(model_dir, plain):
+def test_outputs_identical_for_hits_at_every_alignment(reuse_engine, plain):
     base = ids(40, 0)
-    with reuse_engine(model_dir, prefill_chunk=BS) as e:  # chunk ends (snapshots) at every block
+    with reuse_engine(prefill_chunk=BS) as e:  # chunk ends (snapshots) at every block
         assert e.generate(base, GREEDY).token_ids == plain.generate(base, GREEDY).token_ids
         assert e.stats()["prefix_snapshots"] > 0
         for shared in range(2 * BS + 1, 3 * BS + 1):  # every prefix length mod the block size
@@ -50,9 +52,9 @@ def test_outputs_identical_for_hits_at_every_alignment(model_dir, plain):
         assert s["prefix_hits"] == 16 and s["prefix_lookups"] == 17
 
 
-def test_multi_turn_and_shared_system_prompt_hit(model_dir, plain):
+def test_multi_turn_and_shared_system_prompt_hit(reuse_engine, plain):
     system = ids(3 * BS + 3, 1)
-    with reuse_engine(model_dir) as e:
+    with reuse_engine() as e:
         turn1 = system + ids(5, 2)
         out1 = e.generate(turn1, GREEDY).token_ids
         turn2 = turn1 + out1 + ids(4, 3)  # the next turn extends the whole conversation
@@ -64,11 +66,11 @@ def test_multi_turn_and_shared_system_prompt_hit(model_dir, plain):
         assert e.stats()["prefix_hits"] == 2
 
 
-def test_concurrent_group_computes_the_prefix_once(model_dir, plain):
+def test_concurrent_group_computes_the_prefix_once(reuse_engine, plain):
     task = ids(5 * BS + 2, 5)
     G = 4
     params = [SamplingParams(max_tokens=5, temperature=1.0, seed=s, ignore_eos=True) for s in range(G)]
-    with reuse_engine(model_dir) as e:
+    with reuse_engine() as e:
         got = [c.token_ids for c in e.generate_batch([task] * G, params)]
         s = e.stats()
     assert got == [c.token_ids for c in plain.generate_batch([task] * G, params)]
@@ -76,11 +78,11 @@ def test_concurrent_group_computes_the_prefix_once(model_dir, plain):
     assert s["prefix_tokens_reused"] == (G - 1) * (len(task) - 1) // BS * BS
 
 
-def test_eviction_under_pressure_and_budget_accounting(model_dir):
-    with reuse_engine(model_dir) as probe:
+def test_eviction_under_pressure_and_budget_accounting(reuse_engine):
+    with reuse_engine() as probe:
         need = probe.budget.spec.bytes_for(200, probe.budget.block_size)
     budget = 2 * need
-    with reuse_engine(model_dir, cache_budget_bytes=budget) as e:
+    with reuse_engine(cache_budget_bytes=budget) as e:
         for i in range(6):  # distinct long prompts fill the free bytes with snapshots
             e.generate(ids(150, 10 + i), SamplingParams(max_tokens=2, temperature=0.0))
             assert e.budget.snapshot_bytes + e.budget.reserved_bytes <= budget
@@ -96,8 +98,8 @@ def test_eviction_under_pressure_and_budget_accounting(model_dir):
         assert e.budget.snapshot_bytes + e.budget.reserved_bytes <= budget
 
 
-def test_colliding_hashes_never_share_state(model_dir, plain):
-    with reuse_engine(model_dir) as e:
+def test_colliding_hashes_never_share_state(reuse_engine, plain):
+    with reuse_engine() as e:
         assert e.prefix is not None
         e.prefix.hash_fn = lambda parent, tokens: b"same"  # every block of every prompt collides
         a, b = ids(30, 20), ids(30, 21)
@@ -107,8 +109,8 @@ def test_colliding_hashes_never_share_state(model_dir, plain):
         assert e.stats()["prefix_hits"] == 0  # b's blocks hash like a's, but its tokens differ
 
 
-def test_reusing_a_snapshot_never_changes_it(model_dir, plain):
-    with reuse_engine(model_dir) as e:
+def test_reusing_a_snapshot_never_changes_it(reuse_engine, plain):
+    with reuse_engine() as e:
         base = ids(33, 30)
         e.generate(base, GREEDY)
         assert e.prefix is not None
@@ -133,15 +135,15 @@ def other(t: int) -> int:
     return 3 + (t - 3 + 1) % (VOCAB - 3)
 
 
-def test_hits_reach_within_one_chunk_of_the_shared_prefix_at_every_offset(model_dir, plain):
+def test_hits_reach_within_one_chunk_of_the_shared_prefix_at_every_offset(make_engine, plain):
     """Default blocks (16 = the KDA chunk): a prompt sharing ``p`` tokens with a stored one (any ``p``,
     in the middle of a prefill chunk) restores a multiple of 16 in ``(p - 16, p]``; outputs unchanged."""
     base = ids(140, 40)
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     prompts = [base[:p] + [other(base[p])] for p in range(129)]
-    with Engine.from_dir(model_dir, prefix_cache=False, prefill_chunk=8192) as e:
+    with make_engine(prefix_cache=False, prefill_chunk=8192) as e:
         want = [c.token_ids for c in e.generate_batch(prompts, params)]
-    with Engine.from_dir(model_dir) as e:  # prefill_chunk 512: the states come from inside the chunk
+    with make_engine() as e:  # prefill_chunk 512: the states come from inside the chunk
         e.generate(base, params)
         got = [e.generate(p, params) for p in prompts]  # one by one: each hits the base's snapshots
     assert [c.token_ids for c in got] == want
@@ -149,9 +151,9 @@ def test_hits_reach_within_one_chunk_of_the_shared_prefix_at_every_offset(model_
         assert c.cached_tokens % 16 == 0 and p - 15 <= c.cached_tokens <= p, (p, c.cached_tokens)
 
 
-def test_a_prompt_differing_at_one_token_never_gets_state_past_it(model_dir, plain):
+def test_a_prompt_differing_at_one_token_never_gets_state_past_it(make_engine, plain):
     base = ids(100, 41)
-    with Engine.from_dir(model_dir) as e:
+    with make_engine() as e:
         e.generate(base, GREEDY)
         for i in (0, 5, 15, 16, 17, 40, 63, 64, 98):
             prompt = base[:i] + [other(base[i])] + base[i + 1 :]
@@ -160,8 +162,8 @@ def test_a_prompt_differing_at_one_token_never_gets_state_past_it(model_dir, pla
             assert c.token_ids == plain.generate(prompt, GREEDY).token_ids
 
 
-def test_short_prompts_hit(model_dir, plain):
-    with Engine.from_dir(model_dir) as e:
+def test_short_prompts_hit(make_engine, plain):
+    with make_engine() as e:
         e.generate(ids(20, 42), GREEDY)
         prompt = ids(20, 42)[:17] + [1, 2]
         c = e.generate(prompt, GREEDY)
@@ -169,8 +171,8 @@ def test_short_prompts_hit(model_dir, plain):
         assert c.token_ids == plain.generate(prompt, GREEDY).token_ids
 
 
-def test_a_chat_turn_starts_where_the_last_one_ended(model_dir, plain):
-    with Engine.from_dir(model_dir) as e:
+def test_a_chat_turn_starts_where_the_last_one_ended(make_engine, plain):
+    with make_engine() as e:
         convo = ids(37, 43)
         for turn in range(4):
             c = e.generate(convo, GREEDY)
@@ -180,10 +182,10 @@ def test_a_chat_turn_starts_where_the_last_one_ended(model_dir, plain):
             convo = convo + c.token_ids + ids(8, 44 + turn)
 
 
-def test_eviction_under_pressure_keeps_outputs_identical(model_dir, plain):
-    with Engine.from_dir(model_dir) as probe:
+def test_eviction_under_pressure_keeps_outputs_identical(make_engine, plain):
+    with make_engine() as probe:
         need = probe.budget.spec.bytes_for(120, probe.budget.block_size)
-    with Engine.from_dir(model_dir, cache_budget_bytes=need + need // 3) as e:
+    with make_engine(cache_budget_bytes=need + need // 3) as e:
         prompts = [ids(100, 50 + i % 3) + ids(3, i) for i in range(9)]
         for p in prompts:
             assert e.generate(p, GREEDY).token_ids == plain.generate(p, GREEDY).token_ids

@@ -15,8 +15,8 @@ def cached(engine: Engine, prompt: str, salt: bytes | None) -> int:
     return engine.submit(prompt, ONE, cache_salt=salt).result().cached_tokens
 
 
-def test_snapshots_are_shared_only_under_the_same_salt(model_dir):
-    with Engine.from_dir(model_dir, prefill_chunk=BS, prefix_block_size=BS) as e:
+def test_snapshots_are_shared_only_under_the_same_salt(make_engine):
+    with make_engine(prefill_chunk=BS, prefix_block_size=BS) as e:
         prompt = " ".join(f"line {i} of the shared report" for i in range(20))
         assert cached(e, prompt, b"alice") == 0
         assert cached(e, prompt, b"alice") > 3 * BS  # the same tenant reuses it

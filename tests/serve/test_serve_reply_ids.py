@@ -12,11 +12,9 @@ import httpx
 import pytest
 
 from longmoe.data.chat import render_messages
-from longmoe.serve.engine import Engine
 from longmoe.serve.reply_ids import ReplyIds, encode_chat_with_replies, reply_key
-from tests.helpers.models import VOCAB, constant_reply_model
+from tests.helpers.models import constant_reply_model
 from tests.helpers.server import wait_idle
-from tests.helpers.tokenizer import tokenizer_for_tests
 
 SPACES = " " * 40
 TOOL = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {}}}
@@ -101,22 +99,17 @@ def test_the_store_evicts_least_recently_used_replies_within_its_budget(tok):
 
 
 @pytest.fixture(scope="module")
-def space_server(tmp_path_factory):
+def space_server(make_engine, tok):
     """A tiny model that answers every chat with spaces (greedy), behind a real HTTP server."""
     from longmoe.serve.api.app import create_app
-    from longmoe.serve.engine_config import EngineConfig
     from tests.helpers.server import serving
 
-    tok = tokenizer_for_tests(VOCAB)
-    engine = Engine(
-        constant_reply_model(tok.encode(" ")[0]), tok, EngineConfig(prefill_chunk=16, prefix_block_size=16)
-    )
-    app = create_app(engine, model_name="tiny")
-    try:
+    with make_engine(
+        constant_reply_model(tok.encode(" ")[0]), prefill_chunk=16, prefix_block_size=16
+    ) as engine:
+        app = create_app(engine, model_name="tiny")
         with serving(app) as url:
             yield engine, app, url
-    finally:
-        engine.close()
 
 
 def turn(url: str, messages: list[dict], n: int = 40) -> dict:

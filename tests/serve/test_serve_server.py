@@ -12,7 +12,6 @@ import openai
 import pytest
 
 from longmoe.serve.api import create_app
-from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 from tests.helpers.models import MAX_CONTEXT
 from tests.helpers.prom import scrape, value
@@ -24,8 +23,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
-    engine = Engine.from_dir(model_dir, prefill_chunk=16)
+def server(make_engine):
+    engine = make_engine(prefill_chunk=16)
     app = create_app(engine, model_name="tiny", api_key=KEY, max_body_bytes=MAX_BODY)
     with serving(app) as url:
         yield engine, url

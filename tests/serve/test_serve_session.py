@@ -46,8 +46,8 @@ def run_episode(e: Engine, fresh: Engine, seed: int, turns: int, params: Samplin
     e.close_session(s)
 
 
-def test_session_turns_equal_fresh_full_prefill(model_dir, fresh):
-    with Engine.from_dir(model_dir, prefill_chunk=16, prefix_cache=False) as e:
+def test_session_turns_equal_fresh_full_prefill(make_engine, fresh):
+    with make_engine(prefill_chunk=16, prefix_cache=False) as e:
         run_episode(e, fresh, 0, 5, GREEDY)
         sampled = SamplingParams(max_tokens=6, temperature=0.9, seed=3, ignore_eos=True, logprobs=True)
         run_episode(e, fresh, 1, 4, sampled)
@@ -56,8 +56,8 @@ def test_session_turns_equal_fresh_full_prefill(model_dir, fresh):
     assert st["session_evictions"] == 0
 
 
-def test_many_concurrent_sessions(model_dir, fresh):
-    with Engine.from_dir(model_dir, prefill_chunk=32, max_batch=8) as e:  # prefix reuse on as well
+def test_many_concurrent_sessions(make_engine, fresh):
+    with make_engine(prefill_chunk=32, max_batch=8) as e:  # prefix reuse on as well
         errors: list[BaseException] = []
 
         def episode(seed: int) -> None:
@@ -78,8 +78,8 @@ def test_many_concurrent_sessions(model_dir, fresh):
         assert e.budget.reserved_bytes == 0 and not e.sessions.idle
 
 
-def test_idle_row_is_reserved_at_its_length_and_released_on_close(model_dir):
-    with Engine.from_dir(model_dir, prefill_chunk=16) as e:
+def test_idle_row_is_reserved_at_its_length_and_released_on_close(make_engine):
+    with make_engine(prefill_chunk=16) as e:
         s = e.open_session()
         out = e.generate(ids(20, 1), GREEDY, session=s)
         e.generate([5], SamplingParams(max_tokens=1))  # a later step: the row is kept
@@ -93,10 +93,10 @@ def test_idle_row_is_reserved_at_its_length_and_released_on_close(model_dir):
             e.submit([1], GREEDY, session=s)
 
 
-def test_eviction_under_pressure_keeps_outputs(model_dir, fresh):
-    with Engine.from_dir(model_dir, prefill_chunk=16) as probe:
+def test_eviction_under_pressure_keeps_outputs(make_engine, fresh):
+    with make_engine(prefill_chunk=16) as probe:
         need = probe.budget.spec.bytes_for(120, probe.budget.block_size)
-    with Engine.from_dir(model_dir, prefill_chunk=16, cache_budget_bytes=need, prefix_cache=False) as e:
+    with make_engine(prefill_chunk=16, cache_budget_bytes=need, prefix_cache=False) as e:
         a, b = e.open_session(), e.open_session()
         ctx_a = ids(30, 1)
         ctx_a += e.generate(ctx_a, GREEDY, session=a).token_ids
@@ -108,8 +108,8 @@ def test_eviction_under_pressure_keeps_outputs(model_dir, fresh):
         assert got.token_ids == fresh.generate(ctx_a + new, GREEDY).token_ids
 
 
-def test_one_request_at_a_time(model_dir):
-    with Engine.from_dir(model_dir, prefill_chunk=16) as e:
+def test_one_request_at_a_time(make_engine):
+    with make_engine(prefill_chunk=16) as e:
         s = e.open_session()
         h = e.submit(ids(10, 1), SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True), session=s)
         with pytest.raises(SessionError, match="in flight"):
@@ -118,8 +118,8 @@ def test_one_request_at_a_time(model_dir):
         e.generate([1, 2], GREEDY, session=s)  # fine once the first has finished
 
 
-def test_close_while_in_flight_drops_the_row_when_it_finishes(model_dir):
-    with Engine.from_dir(model_dir, prefill_chunk=16) as e:
+def test_close_while_in_flight_drops_the_row_when_it_finishes(make_engine):
+    with make_engine(prefill_chunk=16) as e:
         s = e.open_session()
         h = e.submit(ids(10, 1), SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True), session=s)
         e.close_session(s)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -20,7 +20,7 @@ from longmoe.data.chat import TOOL_CALL
 from longmoe.data.images import image_span
 from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
-from longmoe.serve.engine import Engine, EngineConfig
+from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.structured import JsonFormat, JsonGrammars
 from longmoe.serve.tool_calls import forced_call
@@ -124,10 +124,11 @@ def text_only_copy(model: LongMoE, scale: float, seed: int = 1) -> LongMoE:
 
 class Engines:
     """One plain (reference) engine per target and one speculative engine per (target, k), shared by
-    every cell; prompts differ per cell, so a cell's prefix hits are only those it sets up."""
+    every cell (made by the module's ``make_engine``, which closes them); prompts differ per cell, so
+    a cell's prefix hits are only those it sets up."""
 
-    def __init__(self, tok) -> None:
-        self.tok = tok
+    def __init__(self, tok, make_engine: Callable[..., Engine]) -> None:
+        self.tok, self.make = tok, make_engine
         self.targets = {False: tiny_model(), True: tiny_vision_model()}
         self.drafts = {
             False: noisy_copy(self.targets[False], DRAFT_NOISE, head_only=True),
@@ -139,26 +140,20 @@ class Engines:
 
     def plain(self, vision: bool) -> Engine:
         if vision not in self._plain:
-            cfg = EngineConfig(prefill_chunk=1024, prefix_cache=False, max_context=1024)
-            self._plain[vision] = Engine(self.targets[vision], self.tok, cfg)
+            cfg = dict(prefill_chunk=1024, prefix_cache=False, max_context=1024)
+            self._plain[vision] = self.make(self.targets[vision], **cfg)
         return self._plain[vision]
 
     def spec(self, vision: bool, k: int) -> Engine:
         if (vision, k) not in self._spec:
-            cfg = EngineConfig(prefill_chunk=CHUNK, prefix_block_size=BLOCK, num_speculative_tokens=k)
-            self._spec[vision, k] = Engine(self.targets[vision], self.tok, cfg, draft=self.drafts[vision])
+            cfg = dict(prefill_chunk=CHUNK, prefix_block_size=BLOCK, num_speculative_tokens=k)
+            self._spec[vision, k] = self.make(self.targets[vision], self.drafts[vision], **cfg)
         return self._spec[vision, k]
-
-    def close(self) -> None:
-        for e in [*self._plain.values(), *self._spec.values()]:
-            e.close()
 
 
 @pytest.fixture(scope="module")
-def engines(tok) -> Iterator[Engines]:
-    es = Engines(tok)
-    yield es
-    es.close()
+def engines(tok, make_engine) -> Engines:
+    return Engines(tok, make_engine)
 
 
 def settled(e: Engine) -> dict[str, float]:

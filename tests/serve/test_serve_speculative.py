@@ -77,8 +77,10 @@ def target() -> LongMoE:
     return tiny_model()
 
 
-def engine(target, tok, draft=None, **kw) -> Engine:
-    return Engine(target, tok, EngineConfig(prefill_chunk=32, **kw), draft=draft)
+@pytest.fixture(scope="module")
+def engine(make_engine):
+    """``engine(target, draft=None, **fields)``: the module's engines, 32-token prefill chunks."""
+    return lambda target, draft=None, **kw: make_engine(target, draft, **{"prefill_chunk": 32, **kw})
 
 
 def chi2(counts: dict[int, int], probs: dict[int, float], n: int) -> tuple[float, int]:
@@ -97,12 +99,12 @@ def chi2(counts: dict[int, int], probs: dict[int, float], n: int) -> tuple[float
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_greedy_identical_over_many_prompts(target, tok, k):
+def test_greedy_identical_over_many_prompts(engine, target, k):
     prompts = [ids(3 + 7 * i, i) for i in range(10)]
     params = [SamplingParams(max_tokens=12 + (i % 4), temperature=0.0, ignore_eos=True) for i in range(10)]
-    with engine(target, tok) as plain:
+    with engine(target) as plain:
         ref = [c.token_ids for c in plain.generate_batch(prompts, params)]
-    with engine(target, tok, draft=noisy_copy(target, 0.02, head_only=True), num_speculative_tokens=k) as e:
+    with engine(target, draft=noisy_copy(target, 0.02, head_only=True), num_speculative_tokens=k) as e:
         got = [c.token_ids for c in e.generate_batch(prompts, params)]
     s = e.stats()  # after close: the engine thread finished its last step
     assert got == ref
@@ -110,17 +112,17 @@ def test_greedy_identical_over_many_prompts(target, tok, k):
     assert s["spec_replayed_rows"] > 0
 
 
-def test_greedy_identical_with_a_smaller_draft_and_penalties(target, tok):
+def test_greedy_identical_with_a_smaller_draft_and_penalties(engine, target):
     prompts = [ids(5 + 11 * i, 50 + i) for i in range(6)]
     params = [
         SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True),
         SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, repetition_penalty=1.3),
         SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, frequency_penalty=0.5, logprobs=True),
     ] * 2
-    with engine(target, tok) as plain:
+    with engine(target) as plain:
         ref = plain.generate_batch(prompts, params)
     for draft in (truncated_draft(target, 4), tiny_model(seed=3, n_layers=4, d_model=64)):
-        with engine(target, tok, draft=draft, num_speculative_tokens=3) as e:
+        with engine(target, draft=draft, num_speculative_tokens=3) as e:
             got = e.generate_batch(prompts, params)
         assert [c.token_ids for c in got] == [c.token_ids for c in ref]
         for a, b in zip(got, ref, strict=True):
@@ -128,8 +130,8 @@ def test_greedy_identical_with_a_smaller_draft_and_penalties(target, tok):
                 assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
-def test_identical_draft_accepts_everything(target, tok):
-    with engine(target, tok, draft=noisy_copy(target, 0.0), num_speculative_tokens=4) as e:
+def test_identical_draft_accepts_everything(engine, target):
+    with engine(target, draft=noisy_copy(target, 0.0), num_speculative_tokens=4) as e:
         c = e.generate(ids(20, 7), SamplingParams(max_tokens=21, temperature=0.0, ignore_eos=True))
     s = e.stats()  # after close: the engine thread finished its last step
     assert c.completion_tokens == 21
@@ -169,7 +171,7 @@ ARRAY = {"type": "array", "items": {"type": "integer"}, "minItems": 1}  # '[' th
 
 
 @pytest.mark.parametrize("variant", ["plain", "prefix_hit", "grammar"])
-def test_sampled_engine_output_has_the_target_distribution(target, tok, variant):
+def test_sampled_engine_output_has_the_target_distribution(make_engine, target, tok, variant):
     """Tokens 2 and 3 of each completion come from one speculative step: their joint over many seeds
     must be the target's exact ``sum_t1 p(t1) p(t2 | t1) p(t3 | t1 t2)`` (top-k 3 keeps the support
     small); also when the prompt is restored from a prefix snapshot, and under a JSON grammar (the
@@ -198,8 +200,7 @@ def test_sampled_engine_output_has_the_target_distribution(target, tok, variant)
     seeded = [dataclasses.replace(params, seed=s) for s in range(n)]
     draft = noisy_copy(target, 0.02, head_only=True)
     block = {"prefix_block_size": 4} if variant == "prefix_hit" else {"prefix_cache": False}
-    cfg = EngineConfig(prefill_chunk=1024, max_batch=64, num_speculative_tokens=3, **block)
-    with Engine(target, tok, cfg, draft) as e:
+    with make_engine(target, draft, prefill_chunk=1024, max_batch=64, num_speculative_tokens=3, **block) as e:
         outs = e.generate_batch([prompt] * n, seeded)
     s = e.stats()  # after close: the engine thread finished its last step
     assert 0 < s["spec_accepted"] < s["spec_proposed"]
@@ -212,23 +213,23 @@ def test_sampled_engine_output_has_the_target_distribution(target, tok, variant)
     assert stat < CHI2_999[dof], (stat, dof)
 
 
-def test_seeds_reproduce_with_speculation(target, tok):
+def test_seeds_reproduce_with_speculation(engine, target):
     params = SamplingParams(max_tokens=12, temperature=0.8, seed=42, ignore_eos=True)
-    with engine(target, tok, draft=noisy_copy(target, 0.02, head_only=True), num_speculative_tokens=3) as e:
+    with engine(target, draft=noisy_copy(target, 0.02, head_only=True), num_speculative_tokens=3) as e:
         a = e.generate(ids(10, 1), params).token_ids
         b = e.generate_batch([ids(10, 1), ids(30, 2)], params)[0].token_ids
     assert a == b and len(a) == 12
 
 
-def test_validation_and_from_dir(model_dir, tmp_path, tok):
-    with pytest.raises(ValueError, match="vocab_size"):
+def test_validation_and_from_dir(make_engine, tmp_path, tok):
+    with pytest.raises(ValueError, match="vocab_size"):  # what Engine's constructor refuses: built here
         Engine(tiny_model(), tok, draft=tiny_model(vocab_size=VOCAB + 8))
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         EngineConfig(num_speculative_tokens=0)
     draft_dir = tmp_path / "draft"
     tiny_model(seed=5, n_layers=4).save_pretrained(draft_dir)
     tok.save(draft_dir)
-    with Engine.from_dir(model_dir, draft_model=str(draft_dir), num_speculative_tokens=2) as e:
+    with make_engine(draft_model=str(draft_dir), num_speculative_tokens=2) as e:
         assert e.speculator is not None and e.speculator.k == 2
         assert e.generate("import os", SamplingParams(max_tokens=5, temperature=0.0)).finish_reason in (
             "length",
@@ -238,7 +239,7 @@ def test_validation_and_from_dir(model_dir, tmp_path, tok):
         truncated_draft(tiny_model(), 0)
 
 
-def test_a_finished_row_stored_as_a_prefix_snapshot_was_rolled_back(target, tok):
+def test_a_finished_row_stored_as_a_prefix_snapshot_was_rolled_back(engine, target):
     """A row that finishes on a rejected draft has consumed that draft: its end-of-request snapshot
     must be rolled back to the tokens it names, or the next turn (prompt + reply + more) continues a
     wrong state. The seeds below finish on such a step."""
@@ -247,11 +248,11 @@ def test_a_finished_row_stored_as_a_prefix_snapshot_was_rolled_back(target, tok)
     for s, m in [(3, 6), (24, 9), (25, 10), (55, 4)]:
         prompt = ids(20, 300 + s)
         p = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-        with engine(target, tok, draft=draft, num_speculative_tokens=3) as e:
+        with engine(target, draft=draft, num_speculative_tokens=3) as e:
             first = e.generate(prompt, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))
             nxt = prompt + first.token_ids + ids(5, 200 + s)
             got = e.generate(nxt, p)
-        with engine(target, tok, prefix_cache=False) as plain:
+        with engine(target, prefix_cache=False) as plain:
             ref = plain.generate(nxt, p)
         assert got.token_ids == ref.token_ids, (s, m)
         full_hits += got.cached_tokens == len(prompt) + m - 1

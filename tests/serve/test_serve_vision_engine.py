@@ -12,7 +12,7 @@ import torch
 from longmoe.layers.vision import Patches
 from longmoe.model import LongMoE
 from longmoe.serve.compiled import CompiledSteps
-from longmoe.serve.engine import Engine, EngineConfig
+from longmoe.serve.engine import Engine
 from longmoe.serve.errors import EngineError
 from longmoe.serve.prefix_store import SnapshotStore
 from longmoe.serve.prompt_images import PromptImages, pixel_digest
@@ -34,8 +34,10 @@ def image(rows: int, cols: int, seed: int) -> Patches:
     return Patches(torch.rand(rows * cols, 3 * P * P, generator=g), rows, cols)
 
 
-def engine(model, tok, **kw) -> Engine:
-    return Engine(model, tok, EngineConfig(**{"prefix_cache": False, **kw}))
+@pytest.fixture(scope="module")
+def engine(make_engine):
+    """``engine(model, **fields)``: the module's engines, without the prefix cache unless asked."""
+    return lambda model, **kw: make_engine(model, **{"prefix_cache": False, **kw})
 
 
 def chat_ids(e: Engine, text: str, images: list[Patches]) -> list[int]:
@@ -61,25 +63,25 @@ def reference(model: LongMoE, tok, ids: list[int], images: list[Patches], n: int
 
 
 @pytest.mark.parametrize("chunk", [5, 16, 512])
-def test_chunked_prefill_with_images_equals_one_forward(vmodel, tok, chunk):
+def test_chunked_prefill_with_images_equals_one_forward(engine, vmodel, tok, chunk):
     """Two images (3x5 and 2x2 patches) between text; prefill chunks of 5 tokens cut both spans."""
     imgs = [image(3, 5, 1), image(2, 2, 2)]
-    with engine(vmodel, tok, prefill_chunk=chunk) as e:
+    with engine(vmodel, prefill_chunk=chunk) as e:
         ids = chat_ids(e, "what differs between these?", imgs)
         assert ids.count(tok.image_patch_id) == 19
         got = e.generate(ids, GREEDY, images=imgs)
     assert got.token_ids == reference(vmodel, tok, ids, imgs, 10)
 
 
-def test_the_image_changes_the_output(vmodel, tok):
+def test_the_image_changes_the_output(engine, vmodel):
     """The pixels reach the model (a check that the test above can fail)."""
-    with engine(vmodel, tok) as e:
+    with engine(vmodel) as e:
         a = e.generate("describe", GREEDY, images=[image(4, 4, 1)]).token_ids
         b = e.generate("describe", GREEDY, images=[image(4, 4, 2)]).token_ids
     assert a != b
 
 
-def test_batched_requests_with_and_without_images_equal_each_alone(vmodel, tok):
+def test_batched_requests_with_and_without_images_equal_each_alone(engine, vmodel):
     reqs = [
         ("look: a", [image(3, 3, 1)]),
         ("plain text only, a little longer than the others", []),
@@ -87,7 +89,7 @@ def test_batched_requests_with_and_without_images_equal_each_alone(vmodel, tok):
         ("look: a", [image(3, 3, 4)]),  # same text, another image
         ("short", []),
     ]
-    with engine(vmodel, tok, prefill_chunk=24, max_batch=8) as e:
+    with engine(vmodel, prefill_chunk=24, max_batch=8) as e:
         alone = [e.generate(t, GREEDY, images=im).token_ids for t, im in reqs]
         handles = [e.submit(t, GREEDY, images=im) for t, im in reqs]  # admitted and prefilled together
         together = [h.result().token_ids for h in handles]
@@ -95,11 +97,11 @@ def test_batched_requests_with_and_without_images_equal_each_alone(vmodel, tok):
     assert alone[0] != alone[3]
 
 
-def test_prefix_reuse_keys_include_the_pixels(vmodel, tok):
+def test_prefix_reuse_keys_include_the_pixels(engine, vmodel):
     """Same text + different image: no shared prefix past the image; same image: shared, same tokens."""
     text = " and then a long question about the picture that spans several prefix blocks " * 3
     a_img, b_img = image(3, 4, 1), image(3, 4, 2)
-    with engine(vmodel, tok, prefix_cache=True, prefix_block_size=16, prefill_chunk=32) as e:
+    with engine(vmodel, prefix_cache=True, prefix_block_size=16, prefill_chunk=32) as e:
         a = e.generate(text, GREEDY, images=[a_img])
         b = e.generate(text, GREEDY, images=[b_img])
         c = e.generate(text, GREEDY, images=[a_img])
@@ -107,7 +109,7 @@ def test_prefix_reuse_keys_include_the_pixels(vmodel, tok):
     assert a.cached_tokens == 0 and b.cached_tokens == 0  # the image starts in the first block
     assert c.cached_tokens > 0 and d.cached_tokens == c.cached_tokens
     assert c.token_ids == a.token_ids == d.token_ids
-    with engine(vmodel, tok) as plain:
+    with engine(vmodel) as plain:
         assert b.token_ids == plain.generate(text, GREEDY, images=[b_img]).token_ids
         assert a.token_ids == plain.generate(text, GREEDY, images=[a_img]).token_ids
 
@@ -133,24 +135,24 @@ def test_prefix_hashes_and_hits_separate_images(tok):
 
 
 @pytest.mark.parametrize("draft_kind", ["text-only", "truncated vision"])
-def test_speculation_with_images_keeps_the_target_output(vmodel, tok, draft_kind):
+def test_speculation_with_images_keeps_the_target_output(engine, vmodel, draft_kind):
     """The draft cannot see images (a text-only draft) or reads the target's embeddings (a vision
     draft of the same width): either way the target verifies every token."""
     draft = tiny_model(seed=3) if draft_kind == "text-only" else truncated_draft(vmodel, 1)
     imgs = [image(3, 5, 1)]
-    with engine(vmodel, tok, prefill_chunk=7) as plain:
+    with engine(vmodel, prefill_chunk=7) as plain:
         want = plain.generate("spec?", GREEDY, images=imgs).token_ids
         text = plain.generate("no image", GREEDY).token_ids
-    with Engine(vmodel, tok, EngineConfig(prefill_chunk=7, num_speculative_tokens=3), draft=draft) as e:
+    with engine(vmodel, draft=draft, prefill_chunk=7, prefix_cache=True, num_speculative_tokens=3) as e:
         h1, h2 = e.submit("spec?", GREEDY, images=imgs), e.submit("no image", GREEDY)
         assert h1.result().token_ids == want and h2.result().token_ids == text
         assert e.stats()["spec_proposed"] > 0
 
 
-def test_image_tokens_are_never_generated(vmodel, tok):
+def test_image_tokens_are_never_generated(engine, vmodel, tok):
     """A model that prefers <|image_patch|> must not emit it (decode has no pixels: the forward would
     fail and take the whole batch down); the next best token is chosen instead."""
-    with engine(vmodel, tok) as e:
+    with engine(vmodel) as e:
         hook = vmodel.register_forward_hook(lambda mod, a, out: out.logits.__setitem__(
             (Ellipsis, tok.image_patch_id), 1e4) or out)  # fmt: skip
         try:
@@ -162,12 +164,12 @@ def test_image_tokens_are_never_generated(vmodel, tok):
             hook.remove()
 
 
-def test_sessions_carry_their_images(vmodel, tok):
+def test_sessions_carry_their_images(engine, vmodel):
     """Turn 2 of a session (text only) continues the kept row whose prompt held an image; it equals
     a fresh request with the whole context and the image; so does turn 3 after the row was evicted."""
     imgs = [image(2, 3, 5)]
     p = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    with engine(vmodel, tok, prefill_chunk=8) as e:
+    with engine(vmodel, prefill_chunk=8) as e:
         s = e.open_session()
         e.generate("first", p, session=s, images=imgs)
         assert len(s.images) == 1
@@ -182,11 +184,11 @@ def test_sessions_carry_their_images(vmodel, tok):
         assert third.cached_tokens == 0 and third.token_ids == e.generate(full, p, images=imgs).token_ids
 
 
-def test_refusals_name_the_field(vmodel, tok):
-    with engine(tiny_model(), tok) as e, pytest.raises(EngineError) as err:
+def test_refusals_name_the_field(engine, vmodel):
+    with engine(tiny_model()) as e, pytest.raises(EngineError) as err:
         e.generate("hi", GREEDY, images=[image(1, 1, 1)])
     assert err.value.param == "images" and "reads text only" in str(err.value)
-    with engine(vmodel, tok) as e:
+    with engine(vmodel) as e:
         ids = e.encode_prompt("hi", [image(2, 2, 1)])
         with pytest.raises(EngineError, match="the prompt holds 4 <.image_patch.> tokens but its 1 image"):
             e.generate(ids, GREEDY, images=[image(1, 1, 1)])
@@ -211,17 +213,17 @@ def test_prompt_images_slice_by_chunk(vmodel):
         assert late._first == 2
 
 
-def test_compiled_engine_prefills_images_eagerly_with_the_same_tokens(tok):
+def test_compiled_engine_prefills_images_eagerly_with_the_same_tokens(engine):
     """``--compile`` on a vision model: a prompt chunk with images runs the (shape-static) model
     eagerly in reserved cache room, text chunks and decode through the compiled steps; the tokens
     equal the eager engine's. Dynamo's eager backend: the graphs and guards without the C++ build."""
     torch._dynamo.reset()
     m = tiny_vision_model(n_layers=2, layer_pattern="LM", attn_res_blocks=2)
     imgs = [image(3, 5, 1)]
-    with engine(m, tok, prefill_chunk=8) as e:
+    with engine(m, prefill_chunk=8) as e:
         ids = chat_ids(e, "read this", imgs)
         want = e.generate(ids, GREEDY, images=imgs).token_ids
-    e = engine(m, tok, prefill_chunk=8)
+    e = engine(m, prefill_chunk=8)
     e.compiled = CompiledSteps(m, backend="eager")
     with e:
         assert e.generate(ids, GREEDY, images=imgs).token_ids == want

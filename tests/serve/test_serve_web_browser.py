@@ -29,8 +29,8 @@ STEP_DELAY_S = 0.02  # slows each forward so a stream lasts long enough to watch
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
-    engine = Engine.from_dir(model_dir, prefill_chunk=64)
+def server(make_engine):
+    engine = make_engine(prefill_chunk=64)
     tok = engine.tokenizer
     stops = [tok.eos_id, tok.end_id]
 

@@ -10,7 +10,6 @@ import re
 import pytest
 
 from longmoe.serve.api import create_app
-from longmoe.serve.engine import Engine
 from longmoe.serve.files.store import LocalStore
 from tests.helpers.browser import chromium_page, until
 from tests.helpers.documents import text_pdf
@@ -24,8 +23,8 @@ ANSWER_DONE = "(n) => document.querySelectorAll('.note.cached').length >= n"
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
-    engine = Engine.from_dir(model_dir, prefill_chunk=BS, prefix_block_size=BS)
+def server(make_engine, tmp_path_factory):
+    engine = make_engine(prefill_chunk=BS, prefix_block_size=BS)
     app = create_app(engine, model_name="tiny", api_key=KEY, files=LocalStore(tmp_path_factory.mktemp("f")))
     with serving(app) as url:
         yield url
