@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from longmoe.report.plotting import pyplot
+from longmoe.report.plotting import pyplot, save_figure
 
 
 def _len_label(n: int) -> str:
@@ -48,7 +48,7 @@ def heatmap(
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8)
     ax.set_title(title or f"{task}: {metric}")
     fig.colorbar(im, ax=ax, fraction=0.05)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def accuracy_vs_length(
@@ -84,7 +84,7 @@ def accuracy_vs_length(
         ax.set_xlabel("context length (tokens)")
     axes[0][0].set_ylabel(ylabel or f"accuracy ({metric})")
     axes[0][-1].legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def ppl_curve(runs: dict[str, dict[str, Any]], path: str | Path) -> Path:
@@ -102,7 +102,7 @@ def ppl_curve(runs: dict[str, dict[str, Any]], path: str | Path) -> Path:
     ax.set_ylabel("next-token loss")
     ax.legend(fontsize=8)
     ax.set_title("loss by position")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def success_by_horizon(
@@ -133,16 +133,7 @@ def success_by_horizon(
         ax.set_xlabel(xlabel)
     axes[0][0].set_ylabel("episode success")
     axes[0][-1].legend(fontsize=8)
-    return _save(fig, path)
-
-
-def _save(fig: Any, path: str | Path) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    pyplot().close(fig)
-    return p
+    return save_figure(fig, path)
 
 
 def plot_run(out_dir: str | Path, metric: str = "all") -> list[Path]:

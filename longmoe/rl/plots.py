@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from longmoe.report.plotting import pyplot
+from longmoe.report.plotting import pyplot, save_figure
 from longmoe.runlog import read_metrics
 
 PANELS = (
@@ -35,10 +35,7 @@ def plot_curves(recs: list[dict[str, Any]], out: Path) -> Path:
         ax.set_xlabel("RL step")
     for ax in list(axes.flat)[len(PANELS) :]:
         ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=90)
 
 
 def render(run_dir: str | Path) -> list[Path]:

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from longmoe.report.plotting import pyplot
+from longmoe.report.plotting import pyplot, save_figure
 from longmoe.runlog import read_metrics
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,7 @@ def plot_loss(recs: list[dict[str, Any]], out: Path) -> Path:
     ax.set_title("loss through the context curriculum")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=120)
 
 
 def plot_balance(recs: list[dict[str, Any]], out: Path) -> Path | None:
@@ -64,10 +61,7 @@ def plot_balance(recs: list[dict[str, Any]], out: Path) -> Path | None:
         a2.set_xlabel("expert")
         a2.set_ylabel("MoE layer")
         a2.set_title(f"expert load at step {with_load[-1]['step']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=120)
 
 
 def plot_drift(recs: list[dict[str, Any]], out: Path) -> Path | None:
@@ -90,10 +84,7 @@ def plot_drift(recs: list[dict[str, Any]], out: Path) -> Path | None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("routing drift from the starting model", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=120)
 
 
 def render(run_dir: str | Path) -> list[Path]:

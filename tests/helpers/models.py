@@ -1,5 +1,5 @@
-"""Tiny models and configs: the ``tiny`` preset moved off init (serving, agent, RL tests) and
-one-layer configs small enough for exact layer tests (KDA, MLA, context parallel)."""
+"""Tiny models and configs: the ``tiny`` preset at four layers, moved off init (serving, agent, RL
+tests) and one-layer configs small enough for exact layer tests (KDA, MLA, context parallel)."""
 
 from __future__ import annotations
 
@@ -25,11 +25,16 @@ def nudge_off_init(model: torch.nn.Module, scale: float = NUDGE_SCALE) -> torch.
     return model
 
 
+# half the preset's depth: LLLM once (KDA, MLA, MoE FFNs, two AttnRes blocks: every kind of layer the
+# serving paths meet) at half the time per engine step
+TINY_DEPTH = {"n_layers": 4, "attn_res_blocks": 2}
+
+
 def tiny_model(seed: int = 0, **kw) -> LongMoE:
-    """The ``tiny`` preset (vocab 512) with weights moved off init, and untied
+    """The ``tiny`` preset at ``TINY_DEPTH`` (vocab 512) with weights moved off init, and untied
     embeddings (tied random ones make a model that repeats its input), so greedy outputs vary."""
     torch.manual_seed(seed)
-    kw = {"vocab_size": VOCAB, "max_seq_len": MAX_CONTEXT, "tie_embeddings": False, **kw}
+    kw = {"vocab_size": VOCAB, "max_seq_len": MAX_CONTEXT, "tie_embeddings": False, **TINY_DEPTH, **kw}
     m = LongMoE(preset("tiny").replace(**kw))
     nudge_off_init(m)
     return m.eval()

@@ -49,10 +49,13 @@ def _codes(code: types.CodeType) -> Iterable[types.CodeType]:
 def compiles(code: types.CodeType) -> bool:
     """Whether ``code`` (not its nested functions) names ``torch.compile``, ``COMPILE_NAMES`` or passes
     a ``compile=`` keyword."""
-    if set(code.co_names) & COMPILE_NAMES:
+    names = set(code.co_names)
+    if names & COMPILE_NAMES:
         return True
     if any(isinstance(c, tuple) and "compile" in c for c in code.co_consts):  # a call's keyword names
         return True
+    if not {"torch", "compile"} <= names:  # the instruction scan below only where it can find one
+        return False
     prev = None
     for ins in dis.get_instructions(code):
         if ins.argval == "compile" and prev is not None and prev.argval == "torch":
@@ -86,13 +89,19 @@ def reaches(fn: Callable, depth: int = DEPTH, seen: set | None = None) -> bool:
     return False
 
 
+_REACHES: dict[Callable, bool] = {}  # per function: thousands of tests share their fixtures
+
+
 def is_integration(item: pytest.Item) -> bool:
     """A collected test's tier by the rule (its function and every fixture it uses)."""
     fns = [getattr(item, "obj", None)]
     info = getattr(item, "_fixtureinfo", None)
     if info is not None:
         fns += [d.func for defs in info.name2fixturedefs.values() for d in defs]
-    return any(f is not None and reaches(f) for f in fns)
+    for f in fns:
+        if f is not None and f not in _REACHES:
+            _REACHES[f] = reaches(f)
+    return any(f is not None and _REACHES[f] for f in fns)
 
 
 def missing_wall(item: pytest.Item) -> bool:

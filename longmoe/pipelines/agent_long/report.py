@@ -13,7 +13,7 @@ import numpy as np
 from longmoe.pipelines.agent.report import episode_success, paired_difference, rl_summary
 from longmoe.pipelines.agent.run import EVALS
 from longmoe.pipelines.agent_long.config import CURRICULUM, AgentLongConfig
-from longmoe.report.plotting import pyplot
+from longmoe.report.plotting import pyplot, save_figure
 
 TIMING = "timing.json"  # RUN/timing.json: wall seconds and threads of each stage (the CPU hours)
 
@@ -31,10 +31,7 @@ def plot_lengths(lengths: dict[str, Any], out: Path) -> Path:
         ax.set_xlabel("tokens per episode")
         ax.set_ylabel("episodes")
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def _arm_success(evals: dict, names: list[str], horizons: list[int]) -> dict[int, tuple[float, float, int]]:
@@ -175,7 +172,4 @@ def plot_success(arms: dict[str, dict[int, tuple[float, float, int]]], out: Path
     ax.set_ylabel("held-out success")
     ax.set_ylim(-0.02, 1.02)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
