@@ -25,9 +25,11 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix longmoe tests bench
 
 # the test tiers (tests/README.md): unit (no process, server or browser), + integration = test (CI),
-# + slow = test-all
+# + slow = test-all. The unit tier runs on UNIT_WORKERS pytest-xdist workers (one torch thread each),
+# a test module's tests on one worker (its module fixtures are built once).
+UNIT_WORKERS ?= 2
 test-unit: lint
-	$(BIN)/pytest -q -m 'not slow and not integration'
+	$(BIN)/pytest -q -n $(UNIT_WORKERS) --dist loadscope -m 'not slow and not integration'
 
 test: lint
 	$(BIN)/pytest -q
