@@ -478,19 +478,21 @@ def table(runs: dict, paths_cfg, dec_ctxs, pre_ctxs, parity_res: dict, size: str
     return "\n".join(lines)
 
 
-def stored_runs(name: str, cfg, dec_ctxs: list[int], pre_ctxs: list[int], threads: list[int]) -> dict:
+def stored_runs(
+    name: str, cfg, contexts: dict[str, list[int]], threads: list[int], results: Path = RESULTS
+) -> dict:
     """``--merge``: the runs of other thread counts in the stored results, when they measured the same
-    model at the same contexts (JSON keys are strings; contexts come back as ints)."""
-    path = RESULTS / f"{name}.json"
+    model at the same contexts (``contexts`` as this run writes it: decode, prefill, second rows; JSON keys
+    are strings, contexts come back as ints)."""
+    path = results / f"{name}.json"
     if not path.exists():
         return {}
     old = json.loads(path.read_text())
-    same = old.get("config") == cfg.to_dict() and old.get("contexts") == {
-        "decode": dec_ctxs,
-        "prefill": pre_ctxs,
-    }
-    if not same:
-        raise SystemExit("--merge: the stored cpu_serve.json measured another model or other contexts")
+    if old.get("config") != cfg.to_dict() or old.get("contexts") != contexts:
+        raise SystemExit(
+            f"--merge: {path.name} measured another model or other contexts "
+            f"({old.get('contexts')} there, {contexts} here)"
+        )
     out = {}
     for t, run in old["runs"].items():
         if int(t) not in threads:
@@ -564,7 +566,8 @@ def main(argv: list[str] | None = None) -> int:
         par = parity(paths, have_llama)
     have_llama = have_llama and "llama_cpp_error" not in par
     n_ctx = max(dec_ctxs + pre_ctxs) + rounds * (n_dec + 1) * len(dec_ctxs) + 64
-    runs: dict = stored_runs(name, cfg, dec_ctxs, pre_ctxs, threads) if args.merge else {}
+    contexts = {"decode": dec_ctxs, "prefill": pre_ctxs, "second_rows": second}
+    runs: dict = stored_runs(name, cfg, contexts, threads) if args.merge else {}
     arms: dict = {}
     compile_s: dict = {}
     with torch.inference_mode():

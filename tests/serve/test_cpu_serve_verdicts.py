@@ -53,3 +53,18 @@ def test_the_15m_checkpoint_has_the_quoted_shape():
 def test_an_unknown_kv_type_is_refused_before_loading_anything():
     with pytest.raises(ValueError, match="kv: one of"):
         cpu_peer.LlamaPeer.__init__(object.__new__(cpu_peer.LlamaPeer), "x.gguf", 64, 1, kv="q4")
+
+
+def test_merge_keeps_the_other_thread_counts_of_a_run_at_the_same_contexts_and_refuses_others(tmp_path):
+    import json
+    import types
+
+    cfg = types.SimpleNamespace(to_dict=lambda: {"d_model": 256})
+    contexts = {"decode": [1024, 16384], "prefill": [1024, 8192], "second_rows": [16384]}
+    run = {"measured": {"decode": {"1024": [1.0]}, "prefill": {"8192": [2.0]}}}
+    stored = {"config": {"d_model": 256}, "contexts": contexts, "runs": {"2": run, "1": run}}
+    (tmp_path / "cpu_serve_15m.json").write_text(json.dumps(stored))
+    kept = cpu_serve.stored_runs("cpu_serve_15m", cfg, contexts, [1], results=tmp_path)
+    assert list(kept) == [2] and kept[2]["measured"]["decode"] == {1024: [1.0]}  # the 1-thread run is redone
+    with pytest.raises(SystemExit, match="cpu_serve_15m.json measured another model or other contexts"):
+        cpu_serve.stored_runs("cpu_serve_15m", cfg, {**contexts, "second_rows": []}, [1], results=tmp_path)
