@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from bench import cpu_peer
+from bench import common, cpu_peer
 from bench.common import RESULTS, gemm_roofline, markdown_table, write_results
 from bench.cpu_floor import active_bytes, prefill_flops, read_bandwidth, rss_bytes, weight_bytes
 from longmoe.checkpoint import load_model
@@ -496,6 +496,7 @@ def stored_runs(
     out = {}
     for t, run in old["runs"].items():
         if int(t) not in threads:
+            run.setdefault("commit", (old.get("provenance") or {}).get("commit"))  # written before per-run
             for kind in ("decode", "prefill"):
                 run["measured"][kind] = {int(c): v for c, v in run["measured"][kind].items()}
             out[int(t)] = run
@@ -587,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[t] = {"bandwidth_gb_s": bw / 1e9, "roofline_flops": roof, "floor_ms": floors,
                        "measured": res, "engine": eng, "memory": mem, "targets": goals,
                        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                       "commit": common.START_COMMIT,  # a --merge file holds runs of several commits
                        "cpu_s": time.process_time() - cpu0,
                        "load_average": {"start": load0, "end": load_average()},
                        "note": args.note}  # fmt: skip

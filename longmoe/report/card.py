@@ -139,7 +139,7 @@ def headline_table(results: list[Result], root: Path = ROOT) -> str:
     for r in ordered(results):
         for h in headlines(r):
             if h.readme:
-                src = f"`{_rel(r.path, root)}` ({provenance(r.data)['commit']})"
+                src = f"`{_rel(r.path, root)}` ({h.commit or provenance(r.data)['commit']})"
                 lines.append(_row([h.label, h.model, h.value, h.baseline, h.noise, src]))
     return "\n".join(lines)
 

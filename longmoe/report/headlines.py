@@ -319,7 +319,7 @@ def _cpu_serve(d: dict) -> list[Headline]:
     """Against llama.cpp's main rows (its users' setting: flash attention on, KV f16); both precisions and
     the first and last decode context, losing rows included; every value is median [min, max] over rounds."""
     threads = max(d["runs"], key=int)
-    m = d["runs"][threads]["measured"]
+    m, commit = d["runs"][threads]["measured"], d["runs"][threads].get("commit") or ""
     model = (d.get("model") or {}).get("label", "~0.3B") + " Kimi-Linear, random weights"
     settings = d.get("peer_settings") or {}
     peer_set = settings.get("llama.cpp f32", "flash attention off, KV f16 (setting not recorded)")
@@ -342,6 +342,7 @@ def _cpu_serve(d: dict) -> list[Headline]:
                     readme=True,
                     model=model,
                     noise_kind="range",
+                    commit=commit,
                 )
             )
     n = max(m["prefill"], key=int)
@@ -364,6 +365,7 @@ def _cpu_serve(d: dict) -> list[Headline]:
                 readme=k >= 3,  # a single sample carries no headline
                 model=model,
                 noise_kind="range" if k >= 3 else "",
+                commit=commit,
             )
         )
     return out

@@ -23,6 +23,9 @@ class Headline:
     readme: bool = False  # also in the README's headline table
     model: str = ""  # the model measured and its size, e.g. "~0.3B Kimi-Linear, random weights"
     noise_kind: str = ""  # "range" (timings over rounds), "interval" (quality), "exact"; "" = none recorded
+    commit: str = (
+        ""  # the commit that measured it, where a file merges runs of several commits ("": the file's)
+    )
 
 
 NOISE_KINDS = ("range", "interval", "exact")

@@ -203,3 +203,23 @@ def test_agent_headline_is_the_paired_rl_minus_sft_beside_sft_with_the_seed_spre
     one = {**agent, "paired_rl_minus_sft": None, "rl_seed_success": {"per_seed": {"a": 0.3}, "mean": 0.3}}
     [h1] = _agent(one)
     assert h1.value == "+0.0" and "unpaired" in h1.noise and "one RL seed" in h1.noise
+
+
+def test_a_merged_cpu_serve_file_names_the_commit_of_the_run_its_headlines_come_from(tmp_path):
+    """`bench.cpu_serve --merge` keeps an older thread count's run beside a new one: the README's source
+    column must name the commit that measured the numbers shown (the widest thread count's run), not the
+    file's newest provenance."""
+    arms = ("longmoe fp32 --compile", "longmoe int8 --compile", "llama.cpp f32", "llama.cpp q8_0")
+    row = {a: [1.0, 1.1, 1.2] for a in arms}
+    measured = {"decode": {"1024": row, "16384": row}, "prefill": {"8192": row}}
+    d = {
+        "provenance": {"commit": "new0001"},
+        "model": {"label": "~15M"},
+        "runs": {
+            "1": {"measured": measured, "commit": "new0001"},
+            "2": {"measured": measured, "commit": "old0002"},
+        },
+    }
+    _write(tmp_path, "cpu_serve_15m", d)
+    rows = [line for line in headline_table(collect([tmp_path]), tmp_path).splitlines() if "~15M" in line]
+    assert len(rows) == 6 and all("(old0002)" in line for line in rows)
