@@ -77,23 +77,29 @@ class RNG:
 
 
 class Curve:
-    """A recipe's training curve so far (rows of numbers) and the seconds it took: a resumed run's
-    time adds to the earlier runs'."""
+    """A recipe's training curve so far (rows of numbers), the wall seconds and the CPU seconds (this
+    process's, all threads) it took: a resumed run's times add to the earlier runs'."""
 
     def __init__(self) -> None:
         self.points: list[list[float]] = []
         self.t0 = time.perf_counter()
+        self.c0 = time.process_time()
 
     @property
     def seconds(self) -> float:
         return time.perf_counter() - self.t0
 
+    @property
+    def cpu_seconds(self) -> float:
+        return time.process_time() - self.c0
+
     def state_dict(self) -> dict[str, Any]:
-        return {"curve": self.points, "seconds": self.seconds}
+        return {"curve": self.points, "seconds": self.seconds, "cpu_seconds": self.cpu_seconds}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.points = [list(p) for p in state["curve"]]
         self.t0 = time.perf_counter() - float(state["seconds"])
+        self.c0 = time.process_time() - float(state.get("cpu_seconds", 0.0))  # absent: saved before
 
 
 class GeneratorState:

@@ -168,8 +168,11 @@ def train_extractor(
                 f"{f1:.3f} ({curve.seconds:.0f} s)")  # fmt: skip
         if step % rc.checkpoint_every == 0 and step < total:
             cp.save()
+            log(f"{out.name}: step {step}/{total} loss {loss:.3f} reading loss {read:.3f} "
+                f"({curve.seconds:.0f} s, {curve.cpu_seconds:.0f} CPU s)")  # fmt: skip
     run = TrainRun(
         inputs=inputs, steps=progress.step, seconds=round(curve.seconds, 1),
+        cpu_seconds=round(curve.cpu_seconds, 1),
         params=sum(p.numel() for p in model.parameters()), curve=curve.points,
     )  # fmt: skip
     save_model_dir(model_dir, model, tok)
