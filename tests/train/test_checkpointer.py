@@ -14,7 +14,7 @@ from longmoe import checkpoint as ckpt
 from longmoe.data.stages import CurriculumStage
 from longmoe.model import LongMoE
 from longmoe.rl.trainer import ReferenceFingerprint
-from longmoe.train.checkpointer import FORMAT_KEY, FORMAT_VERSION, RNG, Progress
+from longmoe.train.checkpointer import FORMAT_KEY, FORMAT_VERSION, RNG, Curve, Progress
 from longmoe.train.config import TrainConfig
 from longmoe.train.curriculum import Curriculum
 from longmoe.train.optim import LRSchedule, ScheduleConfig, build_optimizer
@@ -120,3 +120,13 @@ def test_a_newer_format_is_refused_in_one_line(tmp_path, mcfg, tok):
     ) as e:
         Trainer(run, resume=True, progress=False)
     assert "\n" not in str(e.value)
+
+
+def test_curve_times_add_up_across_a_resume_and_an_older_state_loads():
+    c = Curve()
+    c.load_state_dict({"curve": [[1, 0.5]], "seconds": 10.0, "cpu_seconds": 7.0})
+    st = c.state_dict()
+    assert st["curve"] == [[1, 0.5]] and st["seconds"] >= 10.0 and st["cpu_seconds"] >= 7.0
+    old = Curve()
+    old.load_state_dict({"curve": [], "seconds": 3.0})  # saved before CPU time was kept
+    assert 0.0 <= old.cpu_seconds < 3.0 and old.seconds >= 3.0
