@@ -12,7 +12,8 @@ from pathlib import Path
 
 from longmoe.pipelines.recipe import add_common_arguments, config_error, recipe_parser
 from longmoe.pipelines.recipe import main as recipe_main
-from longmoe.pipelines.vision_extract.config import VisionExtractConfig, quick
+from longmoe.pipelines.vision_extract.config import PRESETS, VisionExtractConfig, quick
+from longmoe.pipelines.vision_extract.run import STAGES
 from longmoe.pipelines.vision_extract.run import run as run_recipe
 
 
@@ -21,7 +22,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config", type=Path, help="a JSON file of VisionExtractConfig fields (default: built in)"
     )
+    p.add_argument(
+        "--preset", choices=sorted(PRESETS), default="forms",
+        help="the built-in config: forms (form_easy + form_varied, the default) or documents (form, "
+        "receipt, table, figure_page in one model)",
+    )  # fmt: skip
+    p.add_argument(
+        "--stage", choices=STAGES,
+        help="train and evaluate only the image model (main) or the text control and the pretraining check "
+        "(control), e.g. two processes side by side; "
+        "a later run without --stage finishes the recipe from their files",
+    )  # fmt: skip
     p.add_argument("--steps", type=int, help="training steps of the extractor and the control")
+    p.add_argument("--batch-size", type=int, help="pages per training step")
+    p.add_argument("--patch-size", type=int, help="the image model's patch side in pixels (default 8)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default from the config: 2)")
     p.add_argument(
         "--mix",
@@ -61,11 +75,12 @@ def _mix(spec: str) -> dict[str, float]:
 
 def load_config(args: argparse.Namespace) -> VisionExtractConfig:
     base = quick() if args.quick else (
-        VisionExtractConfig.load(args.config) if args.config else VisionExtractConfig()
+        VisionExtractConfig.load(args.config) if args.config else PRESETS[args.preset]()
     )  # fmt: skip
     d = base.to_dict()
-    if args.steps is not None:
-        d["steps"] = args.steps
+    for name in ("steps", "batch_size", "patch_size"):
+        if getattr(args, name) is not None:
+            d[name] = getattr(args, name)
     if args.threads is not None:
         d["threads"] = args.threads
     if args.mix is not None:
@@ -92,7 +107,10 @@ def run(args: argparse.Namespace) -> int:
         rc = load_config(args)
     except ValueError as e:
         raise config_error(e) from e
-    result = run_recipe(rc, args.out)
+    result = run_recipe(rc, args.out, stage=args.stage)
+    if result is None:
+        print(f"stage {args.stage}: done in {args.out}")
+        return 0
     print(f"report: {args.out / 'report.md'}")
     f1 = result.target_family_f1()
     if f1 is not None:

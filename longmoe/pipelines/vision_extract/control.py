@@ -37,10 +37,15 @@ def validation_seeds(rc: VisionExtractConfig) -> range:
     return held_out_seeds(rc.val_n, validation_offset(0))
 
 
+def validation_docs(rc: VisionExtractConfig) -> list:
+    """``val_n`` validation renders of each of ``rc.validation_families()``."""
+    return [render(f, s) for f in rc.validation_families() for s in validation_seeds(rc)]
+
+
 @torch.no_grad()
 def validation_loss(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inputs: str) -> float:
     """Teacher-forced loss (nats per JSON token) on the validation pages: breaks F1 ties (all 0 early)."""
-    docs = [render(rc.target_family, s) for s in validation_seeds(rc)]
+    docs = validation_docs(rc)
     was = model.training
     model.eval()
     b = collate(*make_rows(docs, tok, model, inputs), pad_id=tok.pad_id)
@@ -51,7 +56,7 @@ def validation_loss(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inp
 
 
 def validation_f1(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inputs: str) -> float:
-    return pooled_f1(model, tok, [render(rc.target_family, s) for s in validation_seeds(rc)], inputs)
+    return pooled_f1(model, tok, validation_docs(rc), inputs)
 
 
 def train_control(
@@ -75,10 +80,10 @@ def train_control(
             cands.append({"lr": lr, "val_f1": round(val, 4), "val_loss": round(vloss, 4), "dir": rel})
             models[lr] = (model, run)
             log(f"control lr {lr:g}: validation F1 {val:.3f}, loss {vloss:.3f} "
-                f"({rc.val_n} {rc.target_family} pages)")  # fmt: skip
+                f"({rc.val_n} pages of {', '.join(rc.validation_families())})")  # fmt: skip
         best = max(cands, key=lambda c: (c["val_f1"], -c["val_loss"]))
         choice = {"inputs": inputs, "candidates": cands, "lr": best["lr"], "search_steps": search,
-                  "budget": budget, "val_n": rc.val_n, "val_family": rc.target_family,
+                  "budget": budget, "val_n": rc.val_n, "val_family": ", ".join(rc.validation_families()),
                   "val_seeds": [validation_seeds(rc).start, validation_seeds(rc).stop]}  # fmt: skip
         f.write_text(json.dumps(choice, indent=2) + "\n")
     lr = choice["lr"]

@@ -66,23 +66,40 @@ def pick_examples(out: Path, rc: VisionExtractConfig) -> list[Example]:
     return exs
 
 
-def run(rc: VisionExtractConfig, out: Path, log: Callable[[str], None] = print) -> VisionExtractResult:
+STAGES = ("main", "control")
+
+
+def run(
+    rc: VisionExtractConfig, out: Path, log: Callable[[str], None] = print, stage: str | None = None
+) -> VisionExtractResult | None:
+    """The whole recipe; ``stage`` "main" trains and evaluates the image model only, "control" the
+    text control and the pretraining check (two processes can then run the stages side by side; a
+    later run without a stage reads their files and finishes the recipe) and returns None."""
+    if stage is not None and stage not in STAGES:
+        raise ValueError(f"stage={stage!r} is invalid: expected one of {STAGES}")
     out.mkdir(parents=True, exist_ok=True)
-    rc.save(out / CONFIG_OUT)
+    rc.save(out / CONFIG_OUT if stage is None else out / f"config.{stage}.json")
     tok = char_tokenizer()
-    log(f"vision_extract: main model (images), {rc.steps} steps of {rc.batch_size} on {rc.mix}")
-    model, main = train_extractor(rc, tok, out / "main", "image", log)
-    main_eval = evaluate(model, tok, rc, out / "main", "image", log)
+    main_eval = None
+    if stage in (None, "main"):
+        log(f"vision_extract: main model (images), {rc.steps} steps of {rc.batch_size} on {rc.mix}")
+        model, main = train_extractor(rc, tok, out / "main", "image", log)
+        main_eval = evaluate(model, tok, rc, out / "main", "image", log)
     control = control_eval = None
     choice = None
-    if rc.text_control:
+    if rc.text_control and stage in (None, "control"):
         steps = rc.control_steps or rc.steps
         log(f"vision_extract: text-only control ({rc.control_inputs}, {steps} steps, lr chosen from "
             f"{rc.control_lrs or [rc.lr]} on validation pages)")  # fmt: skip
         cmodel, control, choice = train_control(rc, tok, out, log)
         control_eval = evaluate(cmodel, tok, rc, out / "control", rc.control_inputs, log)
+    if stage == "main":
+        return None
     log(f"vision_extract: interleaved-pretraining check ({rc.pretrain_steps} steps x 2)")
     pre = pretrain_check(rc, tok, out, log)
+    if stage == "control":
+        return None
+    assert main_eval is not None
     result = VisionExtractResult(
         main=main, main_eval=main_eval, control=control, control_eval=control_eval, pretrain=pre,
         examples=pick_examples(out, rc), control_lr=choice, target_f1=rc.target_f1,

@@ -59,8 +59,11 @@ def build_model(rc: VisionExtractConfig, vision: bool = True) -> LongMoE:
 def control_config(rc: VisionExtractConfig) -> VisionExtractConfig:
     """A text control's model settings: its grid cells are character codes, not pixels, so its
     encoder is the linear projector (a character embedding) on 8-px "patches" (192 code slots:
-    ``textgrid`` gives every character from 0 to 190 its own), whatever the image model reads with."""
-    return dataclasses.replace(rc, encoder="linear", patch_size=CONTROL_PATCH)
+    ``textgrid`` gives every character from 0 to 190 its own) on a ``control_grid``-cell square,
+    whatever the image model reads with."""
+    return dataclasses.replace(
+        rc, encoder="linear", patch_size=CONTROL_PATCH, max_image_side=rc.control_grid * CONTROL_PATCH
+    )
 
 
 class Curve:
@@ -140,9 +143,11 @@ def pooled_f1(model: LongMoE, tok: Tokenizer, docs: list, inputs: str) -> float:
 
 
 def curve_f1(model: LongMoE, tok: Tokenizer, rc: VisionExtractConfig, inputs: str) -> float:
-    """Pooled field F1 on ``rc.curve_n`` held-out renders of ``curve_family(rc)`` (greedy)."""
-    fam = curve_family(rc)
-    return pooled_f1(model, tok, [render(fam, s) for s in held_out_seeds(rc.curve_n, CURVE_OFFSET)], inputs)
+    """Pooled field F1 on ``rc.curve_n`` held-out renders (greedy) of ``curve_family(rc)``, or split
+    evenly among ``rc.curve_families``."""
+    fams = rc.curve_families or [curve_family(rc)]
+    seeds = held_out_seeds(max(1, rc.curve_n // len(fams)), CURVE_OFFSET)
+    return pooled_f1(model, tok, [render(f, s) for f in fams for s in seeds], inputs)
 
 
 def train_extractor(
