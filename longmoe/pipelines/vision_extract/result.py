@@ -15,6 +15,7 @@ class TrainRun:
     seconds: float
     params: int
     curve: list[list[float]] = field(default_factory=list)  # [step, train loss, held-out form_easy F1]
+    cpu_seconds: float | None = None  # CPU time of the training (None: a run from before it was kept)
 
 
 @dataclass

@@ -10,6 +10,8 @@ extraction results, one JSON line per document, resumable), ``OUT/pretrain_check
 from __future__ import annotations
 
 import json
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from longmoe.pipelines.vision_extract.data import char_tokenizer
 from longmoe.pipelines.vision_extract.report import write_report
 from longmoe.pipelines.vision_extract.result import Example, VisionExtractResult
 from longmoe.pipelines.vision_extract.train import pretrain_check, train_extractor
+from longmoe.report.provenance import git_commit, provenance
 from longmoe.runlog import read_jsonl
 from longmoe.tasks.documents import render
 
@@ -69,6 +72,12 @@ def pick_examples(out: Path, rc: VisionExtractConfig) -> list[Example]:
 STAGES = ("main", "control")
 
 
+def _stage_done(out: Path, stage: str, started: float, commit: str | None) -> None:
+    """``OUT/provenance.<stage>.json``: the commit the stage started from, its wall and CPU time."""
+    p = provenance(" ".join(sys.argv), started, commit)
+    (out / f"provenance.{stage}.json").write_text(json.dumps(p, indent=2) + "\n")
+
+
 def run(
     rc: VisionExtractConfig, out: Path, log: Callable[[str], None] = print, stage: str | None = None
 ) -> VisionExtractResult | None:
@@ -77,6 +86,7 @@ def run(
     later run without a stage reads their files and finishes the recipe) and returns None."""
     if stage is not None and stage not in STAGES:
         raise ValueError(f"stage={stage!r} is invalid: expected one of {STAGES}")
+    started, commit = time.perf_counter(), git_commit()
     out.mkdir(parents=True, exist_ok=True)
     rc.save(out / CONFIG_OUT if stage is None else out / f"config.{stage}.json")
     tok = char_tokenizer()
@@ -94,11 +104,11 @@ def run(
         cmodel, control, choice = train_control(rc, tok, out, log)
         control_eval = evaluate(cmodel, tok, rc, out / "control", rc.control_inputs, log)
     if stage == "main":
-        return None
+        return _stage_done(out, stage, started, commit)
     log(f"vision_extract: interleaved-pretraining check ({rc.pretrain_steps} steps x 2)")
     pre = pretrain_check(rc, tok, out, log)
     if stage == "control":
-        return None
+        return _stage_done(out, stage, started, commit)
     assert main_eval is not None
     result = VisionExtractResult(
         main=main, main_eval=main_eval, control=control, control_eval=control_eval, pretrain=pre,

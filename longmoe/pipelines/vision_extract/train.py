@@ -67,23 +67,29 @@ def control_config(rc: VisionExtractConfig) -> VisionExtractConfig:
 
 
 class Curve:
-    """A checkpoint part: the training curve so far and the seconds it took (a resumed run's time
-    adds to the earlier runs')."""
+    """A checkpoint part: the training curve so far, the wall seconds and the CPU seconds (this
+    process's, all threads) it took (a resumed run's time adds to the earlier runs')."""
 
     def __init__(self) -> None:
         self.points: list[list[float]] = []
         self.t0 = time.perf_counter()
+        self.c0 = time.process_time()
 
     @property
     def seconds(self) -> float:
         return time.perf_counter() - self.t0
 
+    @property
+    def cpu_seconds(self) -> float:
+        return time.process_time() - self.c0
+
     def state_dict(self) -> dict[str, Any]:
-        return {"curve": self.points, "seconds": self.seconds}
+        return {"curve": self.points, "seconds": self.seconds, "cpu_seconds": self.cpu_seconds}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.points = [list(p) for p in state["curve"]]
         self.t0 = time.perf_counter() - float(state["seconds"])
+        self.c0 = time.process_time() - float(state.get("cpu_seconds", 0.0))
 
 
 def _resume(out: Path, cp: Checkpointer, model: LongMoE, opt: torch.optim.Optimizer, curve: Curve) -> bool:
@@ -189,8 +195,11 @@ def train_extractor(
                 f"{f1:.3f} ({curve.seconds:.0f} s)")  # fmt: skip
         if step % rc.checkpoint_every == 0 and step < total:
             cp.save()
+            log(f"{out.name}: step {step}/{total} loss {loss:.3f} reading loss {read:.3f} "
+                f"({curve.seconds:.0f} s, {curve.cpu_seconds:.0f} CPU s)")  # fmt: skip
     run = TrainRun(
         inputs=inputs, steps=progress.step, seconds=round(curve.seconds, 1),
+        cpu_seconds=round(curve.cpu_seconds, 1),
         params=sum(p.numel() for p in model.parameters()), curve=curve.points,
     )  # fmt: skip
     save_model_dir(model_dir, model, tok)
