@@ -134,6 +134,14 @@ def test_glyph_centres_turn_with_the_page():
     assert rotate_point(10.5, 0.5, 90.0, 21, 21) == pytest.approx((x + 0.5, y + 0.5))  # pixel centres
 
 
+def test_a_document_knows_the_angle_its_page_was_turned_by():
+    """``Document.rotation``: 0 for families drawn straight, within the family's bound (3 degrees for
+    receipts) and different from page to page otherwise."""
+    assert all(render(f, s).rotation == 0.0 for f in ("form_easy", "form") for s in range(5))
+    angles = [render("receipt", s).rotation for s in range(30)]
+    assert all(abs(a) <= 3.0 for a in angles) and len({round(a, 3) for a in angles}) > 20
+
+
 def test_form_easy_glyphs_are_whole_and_distinct_patches():
     """Every character form_easy draws stays inside its cell, and a linear projector can tell the
     characters apart (their patches differ)."""

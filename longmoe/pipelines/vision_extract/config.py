@@ -185,7 +185,7 @@ def documents() -> VisionExtractConfig:
     Its pages are 3-12x form_varied's patches, so batches are 16 pages and checkpoints frequent."""
     fams = list(DOCUMENT_FAMILIES)
     return VisionExtractConfig(
-        mix=dict.fromkeys(fams, 1.0), batch_size=16, steps=1000, checkpoint_every=100,
+        mix=dict.fromkeys(fams, 1.0), batch_size=16, steps=600, checkpoint_every=100,
         curve_every=250, curve_n=32, curve_families=fams, eval_families=fams, eval_n=200,
         target_family="form", target_families=fams, val_families=fams, val_n=16,
         control_search_steps=100, control_grid=64, pretrain_steps=300, pretrain_image_rows=2, threads=1,

@@ -59,6 +59,8 @@ class VisionExtractResult:
     target_f1: float = 0.9
     target_family: str = "form_easy"  # runs before form_varied held form_easy against the target
     control_lr: dict[str, Any] | None = None  # the control's lr choice on validation pages (control.py)
+    target_families: list[str] = field(default_factory=list)  # each held against target_f1 (empty: the one)
+    errors: dict[str, Any] | None = None  # the main model's wrong fields classified (errors.classify)
 
     def form_easy_f1(self) -> float | None:
         c = self.main_eval.get("form_easy")
@@ -91,4 +93,6 @@ class VisionExtractResult:
             target_f1=d.get("target_f1", 0.9),
             target_family=d.get("target_family", "form_easy"),
             control_lr=d.get("control_lr"),
+            target_families=d.get("target_families", []),
+            errors=d.get("errors"),
         )

@@ -22,6 +22,7 @@ from longmoe.model import LongMoE
 from longmoe.pipelines.vision_extract.config import VisionExtractConfig
 from longmoe.pipelines.vision_extract.control import train_control
 from longmoe.pipelines.vision_extract.data import char_tokenizer
+from longmoe.pipelines.vision_extract.errors import classify_run
 from longmoe.pipelines.vision_extract.report import write_report
 from longmoe.pipelines.vision_extract.result import Example, VisionExtractResult
 from longmoe.pipelines.vision_extract.train import pretrain_check, train_extractor
@@ -113,7 +114,8 @@ def run(
     result = VisionExtractResult(
         main=main, main_eval=main_eval, control=control, control_eval=control_eval, pretrain=pre,
         examples=pick_examples(out, rc), control_lr=choice, target_f1=rc.target_f1,
-        target_family=rc.target_family,
+        target_family=rc.target_family, target_families=rc.target_families,
+        errors=classify_run(out / "main", rc.vision_config()),
     )  # fmt: skip
     (out / "results.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     write_report(result, rc, out)

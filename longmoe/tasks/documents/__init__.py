@@ -34,7 +34,7 @@ from PIL import Image
 
 from longmoe.tasks.base import TaskError
 from longmoe.tasks.documents import forms, pages
-from longmoe.tasks.documents.draw import MAX_SIDE, Box, Glyph, Page
+from longmoe.tasks.documents.draw import MAX_SIDE, ROTATION_KEY, Box, Glyph, Page
 
 HELD_OUT_SEED_BASE = 1_000_000_000  # training seeds stay below, held-out renders start here
 
@@ -86,6 +86,11 @@ class Document:
     @property
     def target(self) -> str:
         return canonical_json(self.fields)
+
+    @property
+    def rotation(self) -> float:
+        """Degrees the page was turned by (``draw.finish``; 0 for a page it did not turn)."""
+        return float(self.image.info.get(ROTATION_KEY, 0.0))
 
     @property
     def held_out(self) -> bool:

@@ -124,6 +124,9 @@ class Canvas:
         return x >= 0 and y >= 0 and x + w <= self.width - margin and y + h <= self.height - margin
 
 
+ROTATION_KEY = "longmoe_rotation_deg"  # ``Image.info`` key of the angle ``finish`` turned the page by
+
+
 def rotate_point(x: float, y: float, degrees: float, width: int, height: int) -> tuple[float, float]:
     """Where pixel (x, y) lands when a ``width × height`` page is turned ``degrees`` anticlockwise
     about its centre (``Image.rotate``'s rule; y points down)."""
@@ -136,7 +139,7 @@ def finish(canvas: Canvas, rng: random.Random, noise: float = 0.0, max_degrees: 
     """The canvas's page turned by a small rotation (uniform in ±``max_degrees``, white fill, same size;
     its glyph centres turned with it) then Gaussian pixel noise of standard deviation ``noise`` (in
     0..255 units), both drawn from ``rng``: deterministic."""
-    image = canvas.image
+    image, angle = canvas.image, 0.0
     if max_degrees > 0:
         angle = rng.uniform(-max_degrees, max_degrees)
         image = image.rotate(angle, resample=Image.Resampling.BILINEAR, fillcolor=WHITE)
@@ -146,6 +149,7 @@ def finish(canvas: Canvas, rng: random.Random, noise: float = 0.0, max_degrees: 
         g = np.random.default_rng(rng.getrandbits(63))
         a = np.asarray(image, dtype=np.float32) + g.normal(0.0, noise, size=(image.height, image.width, 1))
         image = Image.fromarray(np.clip(np.rint(a), 0, 255).astype(np.uint8), "RGB")
+    image.info[ROTATION_KEY] = angle  # Document.rotation: what the error analysis reads
     return image
 
 

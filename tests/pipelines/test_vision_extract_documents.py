@@ -1,0 +1,100 @@
+"""The vision_extract recipe on the four document families: the ``documents`` preset, the two stages
+run side by side and finished by a plain run, and the classification of the remaining errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from longmoe.eval.extract.harness import canonical_json, flatten
+from longmoe.pipelines.vision_extract.__main__ import load_config, main, parse_args
+from longmoe.pipelines.vision_extract.config import DOCUMENT_FAMILIES, VisionExtractConfig, documents
+from longmoe.pipelines.vision_extract.errors import ROTATED_DEG, TAGS, classify, error_table, field_tags
+from longmoe.tasks.documents import held_out_seeds, render
+
+
+def test_documents_preset_trains_and_targets_each_of_the_four_families():
+    rc = load_config(parse_args(["--preset", "documents"]))
+    assert sorted(rc.mix) == sorted(DOCUMENT_FAMILIES) == sorted(rc.targets())
+    assert rc.eval_families == DOCUMENT_FAMILIES and rc.validation_families() == DOCUMENT_FAMILIES
+    assert rc.curve_families == DOCUMENT_FAMILIES and rc.control_grid == 64
+    # the forms default keeps one target family and its own validation family
+    assert VisionExtractConfig().targets() == ["form_varied"] == VisionExtractConfig().validation_families()
+    fine = load_config(parse_args(["--preset", "documents", "--patch-size", "4", "--batch-size", "8"]))
+    assert fine.patch_size == 4 and fine.batch_size == 8
+    assert fine.model_config().max_seq_len >= (256 // 4) ** 2 + 256  # a full page of 4-px patches fits
+    assert VisionExtractConfig().model_config().max_seq_len == 4096  # 8-px models unchanged
+
+
+def test_family_lists_are_validated():
+    for name in ("curve_families", "val_families", "target_families"):
+        with pytest.raises(ValueError, match=f"{name}="):
+            VisionExtractConfig(**{name: ["poster"]})
+    with pytest.raises(ValueError, match="control_grid=0"):
+        VisionExtractConfig(control_grid=0)
+    assert main(["--quick", "--stage", "everything"]) == 2
+
+
+def test_stages_side_by_side_then_a_plain_run_finishes(tmp_path, capsys):
+    rc = dataclasses.replace(
+        documents(), d_model=32, steps=2, batch_size=2, eval_n=2, curve_n=4, curve_every=2, val_n=1,
+        control_search_steps=1, control_lrs=[1e-2, 3e-2], pretrain_steps=2, pretrain_seq_len=64,
+        pretrain_batch=2, pretrain_image_rows=1, pretrain_val_batches=1,
+    )  # fmt: skip
+    cfg, out = tmp_path / "c.json", tmp_path / "vx"
+    rc.save(cfg)
+    base = ["--config", str(cfg), "--out", str(out)]
+    assert main([*base, "--stage", "control"]) == 0
+    assert not (out / "main").exists() and (out / "pretrain_check.json").is_file()
+    assert main([*base, "--stage", "main"]) == 0
+    for stage in ("main", "control"):
+        p = json.loads((out / f"provenance.{stage}.json").read_text())
+        assert p["cpu_s"] > 0 and "commit" in p
+    trained = (out / "main" / "run.json").read_text()
+    assert json.loads(trained)["cpu_seconds"] > 0
+    assert main(base) == 0  # reads both stages: nothing retrained
+    assert (out / "main" / "run.json").read_text() == trained
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["main_eval"]) == list(res["control_eval"]) == DOCUMENT_FAMILIES
+    assert res["control_lr"]["val_family"] == ", ".join(DOCUMENT_FAMILIES)
+    assert set(res["errors"]) == set(DOCUMENT_FAMILIES)
+    report = (out / "report.md").read_text()
+    for fam in DOCUMENT_FAMILIES:
+        assert f"**{fam} held-out field F1:" in report
+    assert "Where the image model's errors are" in report
+    capsys.readouterr()
+
+
+def _row(doc, fields) -> dict:
+    return {"family": doc.family, "seed": doc.seed, "prediction": canonical_json(fields)}
+
+
+def test_error_classification_counts_wrong_and_missing_fields_by_tag():
+    cfg = documents().vision_config()
+    docs = [render(f, s) for f in DOCUMENT_FAMILIES for s in held_out_seeds(6)]
+    perfect = classify([_row(d, d.fields) for d in docs], cfg)
+    assert all(c["wrong"] == 0 and c["pages"] == 6 for c in perfect.values())
+    n = sum(c["fields"] for c in perfect.values())
+    assert n == sum(len(flatten(d.fields)) for d in docs)
+    # drop the figure's bar/point count (read from the chart) and change a receipt's total
+    fig, rec = render("figure_page", 10**9), render("receipt", 10**9)
+    bad_fig = {**fig.fields, "figure": {k: v for k, v in fig.fields["figure"].items() if k != "count"}}
+    bad_rec = {**rec.fields, "total": "0.00"}
+    got = classify([_row(fig, bad_fig), _row(rec, bad_rec)], cfg)
+    assert got["figure_page"]["wrong"] == 1 and got["figure_page"]["tags"]["not_text"]["wrong"] == 1
+    assert got["receipt"]["wrong"] == 1 and got["receipt"]["tags"]["number"]["wrong"] == 1
+    assert "| figure_page | 1 | 1 /" in error_table(got) and all(t in error_table(got) for t in TAGS)
+
+
+def test_field_tags_follow_the_page():
+    cfg = documents().vision_config()
+    for seed in range(20):
+        doc = render("receipt", seed)
+        tags = field_tags(doc, cfg)
+        assert set(tags) == set(flatten(doc.fields))
+        assert all(("rotated" in t) == (abs(doc.rotation) >= ROTATED_DEG) for t in tags.values())
+        assert "number" in tags["total"] and "not_text" not in tags["total"]
+    fig = render("figure_page", 0)
+    assert "not_text" in field_tags(fig, cfg)["figure.kind"]
