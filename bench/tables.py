@@ -7,11 +7,15 @@ A table lives between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``; its sou
   SHA-256, checked here, so a table cannot drift from its JSON);
 - ``demo`` and ``recall``: ``docs/results/demo_results.json``, through the demo's own renderers
   (``longmoe.pipelines.demo.report``);
-- ``headline``: the README's headline numbers, ``longmoe.report.card.headline_table`` over every result JSON.
+- ``headline``: the README's headline numbers, ``longmoe.report.card.headline_table`` over every result JSON;
+- ``vision_extract:documents*`` (docs/vision.md): the four-family extraction runs in
+  ``docs/results/vision_extract_documents*_results.json``, through
+  ``longmoe.pipelines.vision_extract.publish``.
 
 ``python -m bench.tables`` rewrites them all; ``--check`` writes nothing and exits 1 naming each stale
 table (``tests/report/test_report_tables.py`` runs it in ``make test``); ``--demo RUN_DIR`` first
-copies a new demo run's ``report.json`` to ``docs/results/demo_results.json``.
+copies a new demo run's ``report.json`` to ``docs/results/demo_results.json``; ``--vision-extract RUN_DIR
+NAME`` first copies a finished vision_extract run into ``docs/results``.
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from longmoe.pipelines.vision_extract.publish import PublishError, document_tables, publish
 from longmoe.report.card import ReportError, collect, default_dirs, headline_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DEMO_JSON = ROOT / "docs" / "results" / "demo_results.json"
-DOCS = ("README.md", "docs/benchmarks.md", "docs/deploy.md", "docs/serve.md")
+DOCS = ("README.md", "docs/benchmarks.md", "docs/deploy.md", "docs/serve.md", "docs/vision.md")
 BENCH_DOC = "docs/benchmarks.md"
 NEW_TABLES_HERE = "<!-- bench:new-tables-here -->"  # where a benchmark's first table is appended
 BLOCK = re.compile(r"<!-- (?P<name>[\w:-]+):start -->\n(?P<body>.*?)\n?<!-- (?P=name):end -->", re.DOTALL)
@@ -73,6 +78,7 @@ def sources(root: Path = ROOT) -> dict[str, str]:
     results = root / "bench" / "results"  # a table renders a result JSON; a lone .md (a profile) is none
     out = {f"bench:{p.stem}": _bench_table(p.stem, root) for p in sorted(results.glob("*.json"))}
     out.update(_demo_tables(root))
+    out.update(document_tables(root))
     out["headline"] = headline_table(collect(default_dirs(root)), root)
     return out
 
@@ -159,11 +165,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.tables", description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a table is stale")
     ap.add_argument("--demo", type=Path, metavar="RUN_DIR", help="first import RUN_DIR/report.json")
+    ap.add_argument(
+        "--vision-extract", nargs=2, metavar=("RUN_DIR", "NAME"),
+        help="first copy a finished vision_extract run into docs/results/vision_extract_NAME_* "
+        "(NAME documents, documents_patch4, ...)",
+    )  # fmt: skip
+    ap.add_argument("--arm", help="--vision-extract: the arm's label in the tables (default NAME)")
     ap.add_argument("--allow-dirty", action="store_true", help="--demo: accept a run made from a dirty tree")
     args = ap.parse_args(argv)
     try:
         if args.demo:
             print(f"wrote {import_demo(args.demo, allow_dirty=args.allow_dirty)}")
+        if args.vision_extract:
+            run_dir, name = args.vision_extract
+            print(f"wrote {publish(Path(run_dir), name, ROOT, args.allow_dirty, args.arm)}")
         if args.check:
             bad = stale()
             for d in bad:
@@ -171,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1 if bad else 0
         for d in write_all():
             print(f"rewrote tables in {d}")
-    except ReportError as e:
+    except (ReportError, PublishError) as e:
         print(f"bench.tables: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -420,18 +420,16 @@ def _f1_ci(c: dict) -> str:
 
 
 def _vision_extract(d: dict) -> list[Headline]:
-    fam = d.get("target_family", "form_easy")
-    m, c = d["main_eval"][fam], (d.get("control_eval") or {}).get(fam)
-    ctrl = "no text control" if c is None else f"text-only control {_f1_ci(c)}"
-    ci = f"95% interval ({m['micro_f1_interval']})" if "micro_f1_lo" in m else "± one standard error"
-    return [
-        Headline(
-            f"image → JSON field F1, {fam}" + (f", seed {d['seed']}" if "seed" in d else ""),
-            _f1_ci(m),
-            f"{ctrl}; target {d['target_f1']}",
-            f"{ci} over {m['n']} pages",
-        )
-    ]
+    """One line per target family (the documents runs hold each of four against the target)."""
+    out = []
+    arm = d.get("arm") or (f"seed {d['seed']}" if "seed" in d else "")
+    for fam in d.get("target_families") or [d.get("target_family", "form_easy")]:
+        m, c = d["main_eval"][fam], (d.get("control_eval") or {}).get(fam)
+        ctrl = "no text control" if c is None else f"text-only control {_f1_ci(c)}"
+        ci = f"95% interval ({m['micro_f1_interval']})" if "micro_f1_lo" in m else "± one standard error"
+        out.append(Headline(f"image → JSON field F1, {fam}" + (f", {arm}" if arm else ""), _f1_ci(m),
+                            f"{ctrl}; target {d['target_f1']}", f"{ci} over {m['n']} pages"))  # fmt: skip
+    return out
 
 
 def _agent(d: dict) -> list[Headline]:
@@ -481,5 +479,8 @@ HEADLINES: dict[str, Callable[[dict], list[Headline]]] = {
     "mqar": _checks("associative recall sweep"),
     "vision_extract": _vision_extract,
     "vision_extract_seed1": _vision_extract,
+    "vision_extract_documents": _vision_extract,
+    "vision_extract_documents_patch4": _vision_extract,
+    "vision_extract_documents_seed1": _vision_extract,
     "agent": _agent,
 }

@@ -12,6 +12,7 @@ from longmoe.eval.extract.harness import canonical_json, flatten
 from longmoe.pipelines.vision_extract.__main__ import load_config, main, parse_args
 from longmoe.pipelines.vision_extract.config import DOCUMENT_FAMILIES, VisionExtractConfig, documents
 from longmoe.pipelines.vision_extract.errors import ROTATED_DEG, TAGS, classify, error_table, field_tags
+from longmoe.pipelines.vision_extract.publish import PublishError, document_tables, publish
 from longmoe.tasks.documents import held_out_seeds, render
 
 
@@ -65,6 +66,27 @@ def test_stages_side_by_side_then_a_plain_run_finishes(tmp_path, capsys):
         assert f"**{fam} held-out field F1:" in report
     assert "Where the image model's errors are" in report
     capsys.readouterr()
+    # published: the results with every stage's provenance, and the tables docs/vision.md gets
+    root = tmp_path / "repo"
+    (root / "docs" / "results").mkdir(parents=True)
+    (out / "provenance.json").write_text(json.dumps({"commit": "abc1234+dirty", "cpu_s": 1.0}))
+    with pytest.raises(PublishError, match="dirty tree"):
+        publish(out, "documents", root)
+    path = publish(out, "documents", root, allow_dirty=True, arm="8-px")
+    pub = json.loads(path.read_text())
+    assert set(pub["provenance"]["stages"]) == {"main", "control"} and pub["config"]["patch_size"] == 8
+    assert (
+        "../figures/vision/vision_extract_documents_curve.png"
+        in path.with_name("vision_extract_documents_report.md").read_text()
+    )
+    tables = document_tables(root)
+    assert set(tables) == {f"vision_extract:documents{s}" for s in ("", "-runs", "-errors")}
+    for fam in DOCUMENT_FAMILIES:
+        assert f"| {fam} | 2 |" in tables["vision_extract:documents"]
+    assert (
+        "text-grid control" in tables["vision_extract:documents"]
+        and "| 8-px: image | 8 |" in tables["vision_extract:documents-runs"]
+    )
 
 
 def _row(doc, fields) -> dict:

@@ -49,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, help="seed of the model init and the training pages (default 0)")
     p.add_argument("--no-control", action="store_true", help="skip the text-only control")
+    p.add_argument("--no-pretrain-check", action="store_true", help="skip the interleaved-pretraining check")
     p.add_argument("--control-steps", type=int, help="steps of the text-only control (default: --steps)")
     p.add_argument(
         "--control-inputs", choices=("text", "text_grid"), help="the control's input (default: text_grid)"
@@ -99,6 +100,8 @@ def load_config(args: argparse.Namespace) -> VisionExtractConfig:
             raise ValueError(f"--control-lrs {args.control_lrs!r} is invalid: expected numbers") from None
     if args.no_control:
         d["text_control"] = False
+    if args.no_pretrain_check:
+        d["pretrain_check"] = False
     return VisionExtractConfig.from_dict(d)
 
 

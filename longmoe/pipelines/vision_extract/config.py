@@ -84,7 +84,9 @@ class VisionExtractConfig(JsonConfig):
     val_n: int = 64
     # families of the control's validation pages (val_n of each; empty = [target_family])
     val_families: list[str] = field(default_factory=list)
-    # the interleaved-pretraining check: a text LM vs the same LM also fed image documents
+    # the interleaved-pretraining check: a text LM vs the same LM also fed image documents (False: skip,
+    # e.g. an arm that varies only the image model)
+    pretrain_check: bool = True
     pretrain_steps: int = 600
     pretrain_seq_len: int = 256
     pretrain_batch: int = 8

@@ -106,8 +106,10 @@ def run(
         control_eval = evaluate(cmodel, tok, rc, out / "control", rc.control_inputs, log)
     if stage == "main":
         return _stage_done(out, stage, started, commit)
-    log(f"vision_extract: interleaved-pretraining check ({rc.pretrain_steps} steps x 2)")
-    pre = pretrain_check(rc, tok, out, log)
+    pre = None
+    if rc.pretrain_check:
+        log(f"vision_extract: interleaved-pretraining check ({rc.pretrain_steps} steps x 2)")
+        pre = pretrain_check(rc, tok, out, log)
     if stage == "control":
         return _stage_done(out, stage, started, commit)
     assert main_eval is not None

@@ -1,0 +1,128 @@
+"""Committed results of the recipe: a finished run copied into ``docs/results`` and the tables
+``bench.tables`` writes into docs/vision.md from them.
+
+``publish(run_dir, name)`` writes ``docs/results/vision_extract_<name>_results.json`` (the run's
+``results.json`` with its provenance: the final run's, and each ``--stage`` run's under ``stages``),
+``docs/results/vision_extract_<name>_report.md`` and its plots under ``docs/figures/vision/``. A run
+whose provenance names a dirty tree is refused unless ``allow_dirty``. ``python -m bench.tables
+--vision-extract RUN_DIR NAME`` calls it, then rewrites the tables.
+
+The tables (``document_tables``) read every ``vision_extract_documents*_results.json``: the arms of
+the four-family model side by side per family, where its errors are, and what each run cost.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from longmoe.eval.extract.harness import f1_with_interval
+from longmoe.pipelines.vision_extract.errors import error_table
+
+DOCUMENTS = "documents"  # the main arm's name: vision_extract_documents_results.json
+STAGES = ("main", "control")
+
+
+class PublishError(RuntimeError):
+    pass
+
+
+def _json(p: Path) -> dict[str, Any] | None:
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def publish(run_dir: Path, name: str, root: Path, allow_dirty: bool = False, arm: str | None = None) -> Path:
+    """Copy a finished run into ``root/docs/results`` as ``vision_extract_<name>``; returns the JSON."""
+    res = _json(run_dir / "results.json")
+    if res is None:
+        raise PublishError(f"{run_dir}: no results.json (finish the run without --stage first)")
+    prov = _json(run_dir / "provenance.json") or {}
+    stages = {s: p for s in STAGES if (p := _json(run_dir / f"provenance.{s}.json")) is not None}
+    dirty = [
+        str(p.get("commit")) for p in (prov, *stages.values()) if str(p.get("commit")).endswith("+dirty")
+    ]
+    if dirty and not allow_dirty:
+        raise PublishError(f"{run_dir}: made from a dirty tree ({', '.join(dirty)}); rerun from a commit, "
+                           "or pass --allow-dirty to keep it stamped")  # fmt: skip
+    res["provenance"] = {**prov, "stages": stages}
+    res["config"] = _json(run_dir / "config.json")
+    res["arm"] = arm or name
+    stem = f"vision_extract_{name}"
+    out = root / "docs" / "results" / f"{stem}_results.json"
+    out.write_text(json.dumps(res, indent=2, ensure_ascii=False) + "\n")
+    figs = root / "docs" / "figures" / "vision"
+    figs.mkdir(parents=True, exist_ok=True)
+    report = (run_dir / "report.md").read_text()
+    for plot in ("curve", "examples"):
+        src = run_dir / "plots" / f"{plot}.png"
+        if src.is_file():
+            shutil.copyfile(src, figs / f"{stem}_{plot}.png")
+            report = report.replace(f"(plots/{plot}.png)", f"(../figures/vision/{stem}_{plot}.png)")
+    (root / "docs" / "results" / f"{stem}_report.md").write_text(report)
+    return out
+
+
+def _arms(root: Path) -> dict[str, dict]:
+    """name -> result of every published documents arm, the main arm first."""
+    files = sorted((root / "docs" / "results").glob(f"vision_extract_{DOCUMENTS}*_results.json"))
+    arms = {p.name.removeprefix("vision_extract_").removesuffix("_results.json"): json.loads(p.read_text())
+            for p in files}  # fmt: skip
+    return dict(sorted(arms.items(), key=lambda kv: kv[0] != DOCUMENTS))
+
+
+def family_table(arms: dict[str, dict]) -> str:
+    """Per family: each arm's held-out field F1 [95% CI] (the image model; the main arm's text
+    control next to it), then the main arm's exact match and valid JSON."""
+    main = arms[DOCUMENTS]
+    cols = [(f"image, {a['arm']}", a["main_eval"]) for a in arms.values()]
+    if main.get("control_eval"):
+        cols.insert(1, ("text-grid control", main["control_eval"]))
+    head = (
+        "| family | n | " + " | ".join(c for c, _ in cols) + " | exact match (image) | valid JSON (image) |"
+    )
+    lines = [head, "|---|---|" + "---|" * len(cols) + "---|---|"]
+    for fam, c in main["main_eval"].items():
+        cells = [f1_with_interval(ev[fam]) if fam in ev else "-" for _, ev in cols]
+        lines.append(f"| {fam} | {c['n']} | " + " | ".join(cells)
+                     + f" | {c['exact']:.3f} | {c['valid']:.3f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def runs_table(arms: dict[str, dict]) -> str:
+    """What each run was and cost: patch size, steps x pages, training wall and CPU minutes, the
+    whole stage's CPU minutes (training, held-out curve and evaluation), and its commit."""
+    lines = [
+        "| run | patch | steps × pages | training, wall min | training, CPU min | stage, CPU min | commit |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for a in arms.values():
+        cfg, stages = a.get("config") or {}, a["provenance"].get("stages", {})
+        for label, run, stage in (
+            ("image", a["main"], "main"),
+            ("text-grid control", a.get("control"), "control"),
+        ):
+            if run is None:
+                continue
+            patch = cfg.get("patch_size") if stage == "main" else "8 (grid cells)"
+            batch = cfg.get("batch_size", "?")
+            cpu = run.get("cpu_seconds")
+            st = stages.get(stage, {})
+            lines.append(
+                f"| {a['arm']}: {label} | {patch} | {run['steps']} × {batch} | {run['seconds'] / 60:.1f} | "
+                + (f"{cpu / 60:.1f}" if cpu is not None else "-") + " | "
+                + (f"{st['cpu_s'] / 60:.1f}" if "cpu_s" in st else "-") + f" | {st.get('commit', '-')} |"
+            )  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def document_tables(root: Path) -> dict[str, str]:
+    """The docs/vision.md blocks, by name; none before the main arm is published."""
+    arms = _arms(root)
+    if DOCUMENTS not in arms:
+        return {}
+    out = {"vision_extract:documents": family_table(arms), "vision_extract:documents-runs": runs_table(arms)}
+    if arms[DOCUMENTS].get("errors"):
+        out["vision_extract:documents-errors"] = error_table(arms[DOCUMENTS]["errors"])
+    return out
