@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from longmoe.cli import main as cli_main
 from longmoe.eval.extract.harness import canonical_json, flatten
 from longmoe.pipelines.vision_extract.__main__ import load_config, main, parse_args
 from longmoe.pipelines.vision_extract.config import DOCUMENT_FAMILIES, VisionExtractConfig, documents
@@ -66,6 +67,10 @@ def test_stages_side_by_side_then_a_plain_run_finishes(tmp_path, capsys):
         assert f"**{fam} held-out field F1:" in report
     assert "Where the image model's errors are" in report
     capsys.readouterr()
+    # the main model read from PDFs through the server's file path, on the same held-out pages
+    fams = ",".join(DOCUMENT_FAMILIES)
+    pdf = ["eval", "--tasks", "extract", "--model", str(out / "main" / "model"), f"--families={fams}"]
+    assert cli_main([*pdf, "--n", "1", "--extract-input", "pdf", "--out", str(out / "pdf_eval")]) == 0
     # published: the results with every stage's provenance, and the tables docs/vision.md gets
     root = tmp_path / "repo"
     (root / "docs" / "results").mkdir(parents=True)
@@ -80,7 +85,11 @@ def test_stages_side_by_side_then_a_plain_run_finishes(tmp_path, capsys):
         in path.with_name("vision_extract_documents_report.md").read_text()
     )
     tables = document_tables(root)
-    assert set(tables) == {f"vision_extract:documents{s}" for s in ("", "-runs", "-errors")}
+    assert set(tables) == {f"vision_extract:documents{s}" for s in ("", "-runs", "-errors", "-pdf")}
+    assert (
+        all(c["n"] == 1 for c in pub["pdf_check"].values())
+        and "| table | 1 |" in tables["vision_extract:documents-pdf"]
+    )
     for fam in DOCUMENT_FAMILIES:
         assert f"| {fam} | 2 |" in tables["vision_extract:documents"]
     assert (

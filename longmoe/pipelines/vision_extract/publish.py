@@ -8,7 +8,9 @@ whose provenance names a dirty tree is refused unless ``allow_dirty``. ``python 
 --vision-extract RUN_DIR NAME`` calls it, then rewrites the tables.
 
 The tables (``document_tables``) read every ``vision_extract_documents*_results.json``: the arms of
-the four-family model side by side per family, where its errors are, and what each run cost.
+the four-family model side by side per family, where its errors are, what each run cost, and (when
+``OUT/pdf_eval`` holds an evaluation of the main model with ``--extract-input pdf``) the same pages
+read from PDFs through the server's file path against the images.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from longmoe.eval.extract.harness import f1_with_interval
+from longmoe.eval.extract.harness import RESULTS_FILE, f1_with_interval, summarize
 from longmoe.pipelines.vision_extract.errors import error_table
+from longmoe.runlog import read_jsonl
 
 DOCUMENTS = "documents"  # the main arm's name: vision_extract_documents_results.json
 STAGES = ("main", "control")
+PDF_EVAL = (
+    "pdf_eval"  # OUT/pdf_eval/: `longmoe eval --tasks extract --extract-input pdf --out` of the main model
+)
 
 
 class PublishError(RuntimeError):
@@ -47,6 +53,9 @@ def publish(run_dir: Path, name: str, root: Path, allow_dirty: bool = False, arm
         raise PublishError(f"{run_dir}: made from a dirty tree ({', '.join(dirty)}); rerun from a commit, "
                            "or pass --allow-dirty to keep it stamped")  # fmt: skip
     res["provenance"] = {**prov, "stages": stages}
+    pdf = run_dir / PDF_EVAL / RESULTS_FILE
+    if pdf.is_file():
+        res["pdf_check"] = pdf_check(read_jsonl(run_dir / "main" / "eval" / RESULTS_FILE), read_jsonl(pdf))
     res["config"] = _json(run_dir / "config.json")
     res["arm"] = arm or name
     stem = f"vision_extract_{name}"
@@ -62,6 +71,31 @@ def publish(run_dir: Path, name: str, root: Path, allow_dirty: bool = False, arm
             report = report.replace(f"(plots/{plot}.png)", f"(../figures/vision/{stem}_{plot}.png)")
     (root / "docs" / "results" / f"{stem}_report.md").write_text(report)
     return out
+
+
+def pdf_check(image_rows: list[dict], pdf_rows: list[dict]) -> dict[str, dict]:
+    """Per family, on the pages read both ways (the same held-out seeds): the image model's summary
+    cell from the page's pixels and from the page written as a PDF and rendered by the server's file
+    path (``longmoe eval --tasks extract --extract-input pdf``), and how many answers were identical."""
+    by_id = {r["id"]: r for r in image_rows}
+    pairs = [(by_id[r["id"]], r) for r in pdf_rows if r["id"] in by_id]
+    out = {}
+    for fam in dict.fromkeys(r["family"] for r, _ in pairs):
+        img = [a for a, _ in pairs if a["family"] == fam]
+        via = [b for a, b in pairs if a["family"] == fam]
+        same = sum(a["prediction"] == b["prediction"] for a, b in zip(img, via))
+        out[fam] = {"n": len(img), "image": summarize(img)["families"][fam],
+                    "pdf": summarize(via)["families"][fam], "same_answer": same}  # fmt: skip
+    return out
+
+
+def pdf_table(check: dict[str, dict]) -> str:
+    lines = ["| family | pages | field F1, image [95% CI] | field F1, PDF [95% CI] | same answer |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for fam, c in check.items():
+        lines.append(f"| {fam} | {c['n']} | {f1_with_interval(c['image'])} | {f1_with_interval(c['pdf'])} "
+                     f"| {c['same_answer']} of {c['n']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def _arms(root: Path) -> dict[str, dict]:
@@ -123,6 +157,8 @@ def document_tables(root: Path) -> dict[str, str]:
     if DOCUMENTS not in arms:
         return {}
     out = {"vision_extract:documents": family_table(arms), "vision_extract:documents-runs": runs_table(arms)}
+    if arms[DOCUMENTS].get("pdf_check"):
+        out["vision_extract:documents-pdf"] = pdf_table(arms[DOCUMENTS]["pdf_check"])
     if arms[DOCUMENTS].get("errors"):
         out["vision_extract:documents-errors"] = error_table(arms[DOCUMENTS]["errors"])
     return out
