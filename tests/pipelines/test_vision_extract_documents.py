@@ -13,7 +13,13 @@ from longmoe.eval.extract.harness import canonical_json, flatten
 from longmoe.pipelines.vision_extract.__main__ import load_config, main, parse_args
 from longmoe.pipelines.vision_extract.config import DOCUMENT_FAMILIES, VisionExtractConfig, documents
 from longmoe.pipelines.vision_extract.errors import ROTATED_DEG, TAGS, classify, error_table, field_tags
-from longmoe.pipelines.vision_extract.publish import PublishError, document_tables, publish
+from longmoe.pipelines.vision_extract.publish import (
+    PublishError,
+    document_tables,
+    family_table,
+    publish,
+    runs_table,
+)
 from longmoe.tasks.documents import held_out_seeds, render
 
 
@@ -94,7 +100,7 @@ def test_stages_side_by_side_then_a_plain_run_finishes(tmp_path, capsys):
         assert f"| {fam} | 2 |" in tables["vision_extract:documents"]
     assert (
         "text-grid control" in tables["vision_extract:documents"]
-        and "| 8-px: image | 8 |" in tables["vision_extract:documents-runs"]
+        and "| image, 8-px | 8 |" in tables["vision_extract:documents-runs"]
     )
 
 
@@ -129,3 +135,24 @@ def test_field_tags_follow_the_page():
         assert "number" in tags["total"] and "not_text" not in tags["total"]
     fig = render("figure_page", 0)
     assert "not_text" in field_tags(fig, cfg)["figure.kind"]
+
+
+def test_an_arm_that_reuses_the_main_image_model_adds_only_its_control():
+    cell = {"n": 4, "micro_f1": 0.5, "micro_f1_lo": 0.25, "micro_f1_hi": 0.75, "exact": 0.0, "valid": 1.0}
+    run = {"steps": 10, "seconds": 60.0, "cpu_seconds": 30.0}
+    base = {"main": run, "main_eval": {"form": cell}, "provenance": {}, "config": {"batch_size": 2}}
+    arms = {
+        "documents": {**base, "arm": "8-px", "control": run, "control_eval": {"form": cell}},
+        "documents_long": {**base, "arm": "long control", "control": {**run, "steps": 40},
+                           "control_eval": {"form": {**cell, "micro_f1": 0.9}}},
+        "documents_patch4": {**base, "arm": "4-px", "main": {**run, "steps": 11}},
+    }  # fmt: skip
+    head = family_table(arms).splitlines()[0]
+    assert head.count("image,") == 2 and head.count("text-grid control,") == 2
+    assert "| 0.900 [0.250, 0.750] |" in family_table(arms)
+    assert [line.split(" | ")[0] for line in runs_table(arms).splitlines()[2:]] == [
+        "| image, 8-px",
+        "| text-grid control, 8-px",
+        "| text-grid control, long control",
+        "| image, 4-px",
+    ]

@@ -106,13 +106,25 @@ def _arms(root: Path) -> dict[str, dict]:
     return dict(sorted(arms.items(), key=lambda kv: kv[0] != DOCUMENTS))
 
 
+def _models(arms: dict[str, dict]) -> list[tuple[str, str, dict, dict, str]]:
+    """Every distinct trained model of the arms: ``(arm label, "image" | "text-grid control", run,
+    held-out cells, stage)``; an arm that reuses the main arm's image model (a longer control, say)
+    adds only its control."""
+    main_run = arms[DOCUMENTS]["main"]
+    out = []
+    for name, a in arms.items():
+        if name == DOCUMENTS or a["main"] != main_run:
+            out.append((a["arm"], "image", a["main"], a["main_eval"], "main"))
+        if a.get("control"):
+            out.append((a["arm"], "text-grid control", a["control"], a["control_eval"], "control"))
+    return out
+
+
 def family_table(arms: dict[str, dict]) -> str:
-    """Per family: each arm's held-out field F1 [95% CI] (the image model; the main arm's text
-    control next to it), then the main arm's exact match and valid JSON."""
+    """Per family: each model's held-out field F1 [95% CI], then the main arm's exact match and
+    valid JSON (image)."""
     main = arms[DOCUMENTS]
-    cols = [(f"image, {a['arm']}", a["main_eval"]) for a in arms.values()]
-    if main.get("control_eval"):
-        cols.insert(1, ("text-grid control", main["control_eval"]))
+    cols = [(f"{kind}, {arm}", ev) for arm, kind, _, ev, _ in _models(arms)]
     head = (
         "| family | n | " + " | ".join(c for c, _ in cols) + " | exact match (image) | valid JSON (image) |"
     )
@@ -126,28 +138,22 @@ def family_table(arms: dict[str, dict]) -> str:
 
 def runs_table(arms: dict[str, dict]) -> str:
     """What each run was and cost: patch size, steps x pages, training wall and CPU minutes, the
-    whole stage's CPU minutes (training, held-out curve and evaluation), and its commit."""
+    whole stage's CPU minutes (training, held-out curve and evaluation; "-" where the stage's
+    provenance was not kept), and the commit it started from."""
     lines = [
         "| run | patch | steps × pages | training, wall min | training, CPU min | stage, CPU min | commit |",
         "|---|---|---|---|---|---|---|",
     ]
-    for a in arms.values():
-        cfg, stages = a.get("config") or {}, a["provenance"].get("stages", {})
-        for label, run, stage in (
-            ("image", a["main"], "main"),
-            ("text-grid control", a.get("control"), "control"),
-        ):
-            if run is None:
-                continue
-            patch = cfg.get("patch_size") if stage == "main" else "8 (grid cells)"
-            batch = cfg.get("batch_size", "?")
-            cpu = run.get("cpu_seconds")
-            st = stages.get(stage, {})
-            lines.append(
-                f"| {a['arm']}: {label} | {patch} | {run['steps']} × {batch} | {run['seconds'] / 60:.1f} | "
-                + (f"{cpu / 60:.1f}" if cpu is not None else "-") + " | "
-                + (f"{st['cpu_s'] / 60:.1f}" if "cpu_s" in st else "-") + f" | {st.get('commit', '-')} |"
-            )  # fmt: skip
+    cfgs = {a["arm"]: (a.get("config") or {}, a["provenance"].get("stages", {})) for a in arms.values()}
+    for arm, kind, run, _, stage in _models(arms):
+        cfg, stages = cfgs[arm]
+        patch = cfg.get("patch_size") if stage == "main" else "8 (grid cells)"
+        cpu, st = run.get("cpu_seconds"), stages.get(stage, {})
+        lines.append(
+            f"| {kind}, {arm} | {patch} | {run['steps']} × {cfg.get('batch_size', '?')} | "
+            f"{run['seconds'] / 60:.1f} | " + (f"{cpu / 60:.1f}" if cpu is not None else "-") + " | "
+            + (f"{st['cpu_s'] / 60:.1f}" if "cpu_s" in st else "-") + f" | {st.get('commit', '-')} |"
+        )  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
