@@ -86,6 +86,8 @@ def test_stages_side_by_side_then_a_plain_run_finishes(tmp_path, capsys):
     path = publish(out, "documents", root, allow_dirty=True, arm="8-px")
     pub = json.loads(path.read_text())
     assert set(pub["provenance"]["stages"]) == {"main", "control"} and pub["config"]["patch_size"] == 8
+    assert pub["provenance"]["command"] == pub["provenance"]["stages"]["main"]["command"]
+    assert pub["provenance"]["finish"]["commit"] == "abc1234+dirty"
     assert (
         "../figures/vision/vision_extract_documents_curve.png"
         in path.with_name("vision_extract_documents_report.md").read_text()

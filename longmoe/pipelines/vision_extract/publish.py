@@ -2,7 +2,8 @@
 ``bench.tables`` writes into docs/vision.md from them.
 
 ``publish(run_dir, name)`` writes ``docs/results/vision_extract_<name>_results.json`` (the run's
-``results.json`` with its provenance: the final run's, and each ``--stage`` run's under ``stages``),
+``results.json`` with its provenance: the image model's ``--stage main`` run's when there was one,
+else the final run's; the final run's under ``finish``, each stage's under ``stages``),
 ``docs/results/vision_extract_<name>_report.md`` and its plots under ``docs/figures/vision/``. A run
 whose provenance names a dirty tree is refused unless ``allow_dirty``. ``python -m bench.tables
 --vision-extract RUN_DIR NAME`` calls it, then rewrites the tables.
@@ -52,7 +53,9 @@ def publish(run_dir: Path, name: str, root: Path, allow_dirty: bool = False, arm
     if dirty and not allow_dirty:
         raise PublishError(f"{run_dir}: made from a dirty tree ({', '.join(dirty)}); rerun from a commit, "
                            "or pass --allow-dirty to keep it stamped")  # fmt: skip
-    res["provenance"] = {**prov, "stages": stages}
+    # the headline is the image model's: its stage's provenance on top when it ran as a stage (the
+    # finishing run only read the stored models and wrote the report), every part kept beside it
+    res["provenance"] = {**stages.get("main", prov), "finish": prov, "stages": stages}
     pdf = run_dir / PDF_EVAL / RESULTS_FILE
     if pdf.is_file():
         res["pdf_check"] = pdf_check(read_jsonl(run_dir / "main" / "eval" / RESULTS_FILE), read_jsonl(pdf))
