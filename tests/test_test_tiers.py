@@ -79,10 +79,15 @@ def test_processes_servers_and_helpers_reaching_them_are_integration():
 class _Item:
     """What the rule reads of a collected test: its function, the fixtures' functions, its markers."""
 
-    def __init__(self, obj, fixtures=(), slow: dict | None = None) -> None:
+    def __init__(self, obj, fixtures=(), slow: dict | None = None, by_name=()) -> None:
         self.obj = obj
         defs = {f.__name__: [type("Def", (), {"func": f})()] for f in fixtures}
         self._fixtureinfo = type("Info", (), {"name2fixturedefs": defs})()
+        named = {
+            f.__name__: [type("Def", (), {"func": f})()] for f in by_name
+        }  # the session's other fixtures
+        manager = type("Manager", (), {"getfixturedefs": staticmethod(lambda name, node: named.get(name))})()
+        self.session = type("Session", (), {"_fixturemanager": manager})()
         self._slow = None if slow is None else pytest.mark.slow(**slow).mark
 
     def get_closest_marker(self, name: str):
@@ -92,6 +97,16 @@ class _Item:
 def test_a_fixture_that_serves_makes_its_tests_integration():
     assert is_integration(_Item(_pure, fixtures=[_serves]))
     assert not is_integration(_Item(_pure, fixtures=[_pure]))
+
+
+def _asks_for_the_server_by_name(request):
+    return request.getfixturevalue("_serves")
+
+
+def test_a_fixture_requested_by_name_that_serves_makes_its_tests_integration():
+    # e.g. tests/serve/files/test_store.py: the [s3] store asks for the moto server with getfixturevalue
+    assert is_integration(_Item(_pure, fixtures=[_asks_for_the_server_by_name], by_name=[_serves, _pure]))
+    assert not is_integration(_Item(_pure, fixtures=[_asks_for_the_server_by_name], by_name=[_pure]))
 
 
 def test_slow_tests_state_their_wall_time():

@@ -92,12 +92,24 @@ def reaches(fn: Callable, depth: int = DEPTH, seen: set | None = None) -> bool:
 _REACHES: dict[Callable, bool] = {}  # per function: thousands of tests share their fixtures
 
 
+def requested_by_name(fn: Callable) -> list[str]:
+    """Fixtures ``fn`` asks for at run time, ``request.getfixturevalue("name")`` with a constant name: they
+    are not in the test's fixture closure, so the rule has to look them up itself."""
+    code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
+    if code is None or "getfixturevalue" not in code.co_names:
+        return []
+    return [c for c in code.co_consts if isinstance(c, str) and c.isidentifier()]
+
+
 def is_integration(item: pytest.Item) -> bool:
-    """A collected test's tier by the rule (its function and every fixture it uses)."""
+    """A collected test's tier by the rule (its function, every fixture it uses, and the fixtures those
+    request by name)."""
     fns = [getattr(item, "obj", None)]
     info = getattr(item, "_fixtureinfo", None)
     if info is not None:
         fns += [d.func for defs in info.name2fixturedefs.values() for d in defs]
+        for name in {n for f in fns if f is not None for n in requested_by_name(f)}:
+            fns += [d.func for d in item.session._fixturemanager.getfixturedefs(name, item) or ()]
     for f in fns:
         if f is not None and f not in _REACHES:
             _REACHES[f] = reaches(f)
