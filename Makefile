@@ -46,9 +46,10 @@ bench-cpu: $(STAMP)
 	$(BIN)/python -m bench.cpu_serve
 	$(BIN)/python -m bench.gemv
 
-demo: $(STAMP)  # the README's demo rows come from this run's own report.json, never by hand
+demo: $(STAMP)  # the README's demo rows and the report card come from this run's own report.json, never by hand
 	$(BIN)/python -m longmoe demo --run-dir runs/demo
 	$(BIN)/python -m bench.tables --demo runs/demo
+	$(BIN)/python -m longmoe report --out docs/report.md
 
 # The serving image (deploy/Containerfile, docs/deploy.md). IMAGE_BASE: the base image (on a host with
 # no registry, deploy/base-image.sh builds the default from Debian packages); a local wheel directory

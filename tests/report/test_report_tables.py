@@ -106,3 +106,12 @@ def test_the_demo_run_line_follows_the_result_it_renders():
     assert "**12.3 s** wall" in line and "2 threads" in line and "commit f00ba47" in line
     d.pop("provenance")
     assert "wall time not recorded" in run_summary(d)
+
+
+def test_make_demo_rewrites_everything_that_reads_the_demo_result():
+    """`make demo` replaces demo_results.json; every committed file rendered from it (README and docs tables,
+    the report card) must be rewritten in the same target, or `make test` fails after `make demo`."""
+    recipe = (ROOT / "Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    assert "bench.tables --demo runs/demo" in recipe
+    assert "longmoe report --out docs/report.md" in recipe
+    assert recipe.index("bench.tables --demo") < recipe.index("longmoe report")  # the card reads the new file
