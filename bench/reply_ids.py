@@ -28,18 +28,23 @@ VOCAB = 512
 START, END = "<!-- bench:reply_ids:start -->", "<!-- bench:reply_ids:end -->"
 
 
-def constant_reply_model(vocab: int, token: int) -> LongMoE:
-    """Greedy decoding always picks ``token``: embedding dim 0 carries a large constant, the final
-    norm keeps only that dim, the LM head reads it into ``token``'s logit alone."""
-    torch.manual_seed(0)
-    m = LongMoE(preset("tiny").replace(vocab_size=vocab, tie_embeddings=False))
+def answer_only(m: LongMoE, token: int) -> LongMoE:
+    """``m`` rewired in place so greedy decoding always picks ``token`` (like a demo model that answers
+    every chat with newlines): embedding dim 0 carries a large constant, the final norm keeps only that
+    dim, the LM head reads it into ``token``'s logit alone."""
     with torch.no_grad():
         m.embed.weight[:, 0] += 50.0
         m.final_norm.weight.zero_()
         m.final_norm.weight[0] = 1.0
         m.lm_head.weight.zero_()
         m.lm_head.weight[token, 0] = 10.0
-    return m.eval()
+    return m
+
+
+def constant_reply_model(vocab: int, token: int) -> LongMoE:
+    """The tiny preset at ``vocab``, answering ``token`` only (``answer_only``)."""
+    torch.manual_seed(0)
+    return answer_only(LongMoE(preset("tiny").replace(vocab_size=vocab, tie_embeddings=False)), token).eval()
 
 
 def conversation(url: str, turns: int, reply_tokens: int) -> list[dict]:

@@ -64,14 +64,8 @@ def small_cfg(pattern: str = "L", **kw) -> ModelConfig:
 
 
 def constant_reply_model(token: int, seed: int = 0) -> LongMoE:
-    """``tiny_model`` rewired so greedy decoding always picks ``token`` (like a demo model that answers
-    every chat with newlines): embedding dimension 0 carries a large constant, the final norm keeps
-    only that dimension, and the LM head reads it into ``token``'s logit alone."""
-    m = tiny_model(seed)
-    with torch.no_grad():
-        m.embed.weight[:, 0] += 50.0
-        m.final_norm.weight.zero_()
-        m.final_norm.weight[0] = 1.0
-        m.lm_head.weight.zero_()
-        m.lm_head.weight[token, 0] = 10.0
-    return m
+    """``tiny_model`` rewired so greedy decoding always picks ``token`` (``bench.reply_ids.answer_only``,
+    the model the reply-id benchmark measures)."""
+    from bench.reply_ids import answer_only
+
+    return answer_only(tiny_model(seed), token)
