@@ -28,6 +28,10 @@ rewrites and checks (``tests/test_docs_numbers.py``).
 their text and the words before them: those may stay until their paragraph is next edited; a new or
 edited one is not in it and fails ``tests/test_docs_numbers.py``. ``python -m bench.docnumbers --update``
 rewrites the list (it may only shrink in review: an added entry is a hand-typed number).
+
+After a benchmark is rerun, ``python -m bench.docnumbers --refresh`` reprints each cited number that no
+longer matches its source and lists every change: the words around a number (faster, ahead, met) are the
+writer's to re-read.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class Found:
     text: str  # the number and unit as printed
     before: str  # up to 40 characters before it on its line: what the uncited list keys it by
     cite: re.Match | None
+    column: int = -1  # where the number starts on its line (``refresh`` rewrites it there)
 
 
 def exempt(line: str, m: re.Match) -> bool:
@@ -125,7 +130,7 @@ def scan(text: str, doc: str) -> list[Found]:
             nxt = hits[j + 1].start() if j + 1 < len(hits) else len(line)
             cite = next((c for c in cites if m.end() <= c.start() < nxt), None)
             before = " ".join(line[max(0, m.start() - 40) : m.start()].split())
-            out.append(Found(doc, i, m.group().strip(), before, cite))
+            out.append(Found(doc, i, m.group().strip(), before, cite, m.start()))
     return out
 
 
@@ -173,25 +178,58 @@ def resolve(path: str, key: str, root: Path = ROOT) -> float:
     return float(node)
 
 
-def check_citation(f: Found, root: Path = ROOT) -> str | None:
-    """None when the cited value, printed at the document's precision, is the printed number."""
+def cited_value(f: Found, root: Path = ROOT) -> float:
+    """The value ``f``'s citation names, in the printed unit (scaled, divided, ×100 for a %)."""
     assert f.cite is not None
+    value = resolve(f.cite["path"], f.cite["key"], root) * float(f.cite["scale"] or 1)
+    if f.cite["over"]:
+        value /= resolve(f.cite["path"], f.cite["over"], root)
+    return value * 100 if f.text.endswith("%") else value
+
+
+def printed_number(f: Found) -> tuple[str, int]:
+    """The printed digits of ``f`` (thousands separators dropped) and their number of decimals."""
     m = NUMBER.match(f.text)
     assert m is not None
-    printed, unit = m["num"].replace(",", ""), m["unit"]
+    printed = m["num"].replace(",", "")
+    return printed, len(printed.split(".")[1]) if "." in printed else 0
+
+
+def check_citation(f: Found, root: Path = ROOT) -> str | None:
+    """None when the cited value, printed at the document's precision, is the printed number."""
+    printed, decimals = printed_number(f)
     try:
-        value = resolve(f.cite["path"], f.cite["key"], root) * float(f.cite["scale"] or 1)
-        if f.cite["over"]:
-            value /= resolve(f.cite["path"], f.cite["over"], root)
+        value = cited_value(f, root)
     except (ValueError, ZeroDivisionError) as e:
         return f"{f.doc}:{f.line}: {f.text}: {e}"
-    if unit == "%":
-        value *= 100
-    decimals = len(printed.split(".")[1]) if "." in printed else 0
     if abs(round(value, decimals) - float(printed)) > 10**-decimals / 2 + 1e-9:
         over = f" / {f.cite['over']}" if f.cite["over"] else ""
         return f"{f.doc}:{f.line}: prints {f.text}, {f.cite['path']}#{f.cite['key']}{over} holds {value:.6g}"
     return None
+
+
+def refresh(text: str, doc: str, root: Path = ROOT) -> tuple[str, list[str]]:
+    """``text`` with every cited number that disagrees with its source reprinted from it, at the printed
+    precision (and thousands separators where the old number had them), and one line per change for a
+    reader: the number is the file's, but the sentence around it (faster, ahead, met) is the writer's to
+    re-read. A citation that does not resolve is left as it is (the check reports it)."""
+    lines = text.splitlines(keepends=True)
+    changes: list[str] = []
+    for f in reversed(scan(text, doc)):  # right to left: earlier columns stay valid
+        if f.cite is None or check_citation(f, root) is None:
+            continue
+        try:
+            value = cited_value(f, root)
+        except (ValueError, ZeroDivisionError):
+            continue
+        printed, decimals = printed_number(f)
+        num = f"{value:,.{decimals}f}" if "," in f.text else f"{value:.{decimals}f}"
+        old = NUMBER.match(f.text)["num"]  # type: ignore[index]
+        line = lines[f.line - 1]
+        assert line[f.column : f.column + len(old)] == old, (doc, f.line, old)
+        lines[f.line - 1] = line[: f.column] + num + line[f.column + len(old) :]
+        changes.append(f"{doc}:{f.line}: {old} -> {num} | {f.before} ...")
+    return "".join(lines), changes[::-1]
 
 
 GENERATED = {
@@ -211,7 +249,23 @@ def uncited_keys(found: list[Found]) -> Counter:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--update", action="store_true", help="rewrite bench/docnumbers_uncited.json")
+    ap.add_argument(
+        "--refresh",
+        action="store_true",
+        help="after a rerun: reprint every cited number that disagrees with its source, and list each change "
+        "(re-read the sentence around it: the words are not rewritten)",
+    )
     args = ap.parse_args(argv)
+    if args.refresh:
+        for p in sorted(DOCS.glob("*.md")):
+            if p.name in GENERATED:
+                continue
+            new, changes = refresh(p.read_text(), p.name)
+            if changes:
+                tmp = p.with_suffix(".md.tmp")
+                tmp.write_text(new)
+                tmp.replace(p)
+                print("\n".join(changes))
     found = all_found()
     bad = [e for f in found if f.cite is not None and (e := check_citation(f))]
     keys = uncited_keys(found)

@@ -158,3 +158,22 @@ def test_a_markdown_report_is_cited_by_the_number_after_a_unique_anchor(tmp_path
     assert "occurs 2 times" in docnumbers.check_citation(twice, tmp_path)
     [dotted] = _doc(tmp_path, {}, "took 0.0063 nats <!-- from: rep.md#a.b -->\n")
     assert "one quoted anchor" in docnumbers.check_citation(dotted, tmp_path)
+
+
+def test_refresh_reprints_only_stale_cited_numbers_at_their_precision_and_lists_each(tmp_path):
+    res = {"a": 2.254, "b": 1234.6, "c": 0.5, "s": 0.0311}
+    text = (
+        "was 1.90× <!-- from: r.json#a --> at 1,100 tok/s <!-- from: r.json#b --> and 0.5 s "
+        "<!-- from: r.json#c --> (31.1 ms <!-- from: r.json#s*1000 -->)\n"
+        "a bare 7.0 ms stays, `9.9 ms` in code stays, 3.0 s <!-- from: nope.json#x --> stays\n"
+    )
+    (tmp_path / "r.json").write_text(json.dumps(res))
+    new, changes = docnumbers.refresh(text, "x.md", tmp_path)
+    assert new.splitlines()[0] == (
+        "was 2.25× <!-- from: r.json#a --> at 1,235 tok/s <!-- from: r.json#b --> and 0.5 s "
+        "<!-- from: r.json#c --> (31.1 ms <!-- from: r.json#s*1000 -->)"
+    )
+    assert new.splitlines()[1] == text.splitlines()[1]
+    assert changes == ["x.md:1: 1.90 -> 2.25 | was ...", "x.md:1: 1,100 -> 1,235 | was 1.90× at ..."]
+    first_line = [f for f in docnumbers.scan(new, "x.md") if f.line == 1]
+    assert len(first_line) == 4 and all(docnumbers.check_citation(f, tmp_path) is None for f in first_line)
