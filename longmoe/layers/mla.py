@@ -161,7 +161,7 @@ class MLALayer(nn.Module):
         """
         B, H, T, _ = q.shape
         w_uk, w_uv = self._w_uk_uv()
-        q_abs = torch.einsum("bhtk,hkc->bhtc", q[..., : self.Dq], w_uk)  # [B, H, T, d_c]
+        q_abs = q[..., : self.Dq] @ w_uk  # [B, H, T, d_c] (per head: [T, Dq] @ [Dq, d_c])
         if self.d_r:  # keys [c | k_r] against [W_ukᵀ q | q_r]
             q_abs = torch.cat([q_abs, q[..., self.Dq :]], dim=-1)  # [B, H, T, d_c + d_r]
         C, S = ctx.shape[-1], ctx.shape[1]
@@ -182,7 +182,7 @@ class MLALayer(nn.Module):
             kv = ctx.unsqueeze(1).expand(B, H, S, C)  # [B, H, S, C] (a view)
             o_lat = F.scaled_dot_product_attention(q_abs, kv, kv, attn_mask=mask, scale=self.scale)
         o_lat = o_lat[..., : self.d_c]  # [B, H, T, d_c]
-        return torch.einsum("bhtc,hvc->bhtv", o_lat, w_uv)  # [B, H, T, Dv]
+        return o_lat @ w_uv.transpose(1, 2)  # [B, H, T, Dv] (per head: [T, d_c] @ [d_c, Dv])
 
     # the three pieces around the attention (also the seam context parallelism builds on)
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
