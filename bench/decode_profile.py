@@ -17,6 +17,7 @@ plain step's CPU time is measured beside them, and the ATen calls of one step ar
 ``TorchDispatchMode``: every op the Python side dispatches). Rounds alternate the lengths.
 
     python -m bench.decode_profile --rounds 3
+    python -m bench.decode_profile --quick      # 4K, one round of 4 steps (a smoke run)
 """
 
 from __future__ import annotations
@@ -158,9 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", default=None, help="comma-separated cached lengths (4096,1048576)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (3)")
     p.add_argument("--steps", type=int, default=16, help="decode steps per sample (16)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 4K only, 1 round of 4 steps")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     lengths = [int(v) for v in args.lengths.split(",")] if args.lengths else LENGTHS
+    if args.quick:
+        lengths, args.rounds, args.steps = [4 * K], 1, 4
     t0 = time.process_time()
     res = run(lengths, args.rounds, args.steps)
     res["cpu_seconds"] = time.process_time() - t0
