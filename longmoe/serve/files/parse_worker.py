@@ -33,11 +33,14 @@ def pixels_per_point(page, pdfium) -> float:  # noqa: ANN001 - a pypdfium2 page 
     """The page's own resolution: the densest image drawn on it (its pixels over the points it covers,
     so a 300-dpi scan gives 300/72), never below ``MIN_PIXELS_PER_POINT`` (a page without images)."""
     best = MIN_PIXELS_PER_POINT
-    for obj in page.get_objects(filter=(pdfium.raw.FPDF_PAGEOBJ_IMAGE,), max_depth=2):
-        left, bottom, right, top = obj.get_bounds()
-        pw, ph = obj.get_px_size()
-        if right - left > 0 and top - bottom > 0:
-            best = max(best, pw / (right - left), ph / (top - bottom))
+    try:
+        for obj in page.get_objects(filter=(pdfium.raw.FPDF_PAGEOBJ_IMAGE,), max_depth=2):
+            left, bottom, right, top = obj.get_bounds()
+            pw, ph = obj.get_px_size()
+            if right - left > 0 and top - bottom > 0:
+                best = max(best, pw / (right - left), ph / (top - bottom))
+    except pdfium.PdfiumError:  # an image pdfium cannot measure: the page renders at 72 dpi
+        return MIN_PIXELS_PER_POINT
     return best
 
 
