@@ -29,6 +29,8 @@ rendering of the transcript (tool schemas and JSON tool calls), not the engine r
 
 ``--modes`` picks the rows to measure; ``--merge`` keeps the stored rows of the others (the same
 episode config), each row with its own provenance (commit, time, load average, CPU seconds, note).
+The HTTP rows are also timed against an engine-session episode of their own run (the run's session
+row, else one measured first; ``--no-http-baseline``: none), so HTTP's cost reads at one load.
 CPU, fp32; the machine is shared with other jobs (say so with ``--note``).
 """
 
@@ -67,6 +69,8 @@ CTX = 65_536
 CACHE_BUDGET_MB = 8192  # every mode: nothing an episode keeps is evicted
 PREFILL_CHUNK = 1024
 MODES = ("session", "re-prefill", "http")
+# what an HTTP row keeps of the engine-session episode measured in its run (``--no-http-baseline``: none)
+SAME_RUN_KEYS = ("wall_s", "tok_s", "tokens_per_episode", "prefilled", "episode_bytes", "load_average_start")
 SAME_EPISODES = ("horizon", "env", "turn_tokens", "quick")  # config keys rows must share to be merged
 # /metrics series an HTTP row reads (engine.stats() through serve/api/metrics.py), by their names there
 SERIES = {
@@ -279,8 +283,9 @@ def _order(r: dict) -> tuple:
 
 def table(rows: list[dict], cfg: dict) -> str:
     header = ["mode", "episodes", "tokens/episode", "turns/episode", "prefilled tokens", "wall s",
-              "wall s/episode", "trajectory tok/s", "generated tok/s", "× re-prefill", "MiB held/episode",
-              "measured (commit, UTC)", "load avg (1 min)"]  # fmt: skip
+              "wall s/episode", "trajectory tok/s", "generated tok/s", "× re-prefill",
+              "wall ÷ session (same run)", "MiB held/episode", "measured (commit, UTC)",
+              "load avg (1 min)"]  # fmt: skip
     out = []
     for r in rows:
         p = r.get("provenance") or {}
@@ -289,7 +294,7 @@ def table(rows: list[dict], cfg: dict) -> str:
         out.append(
             [mode, r["episodes"], round(r["tokens_per_episode"]), round(r["turns_per_episode"], 1),
              r["prefilled"], r["wall_s"], r["wall_s_per_episode"], r["tok_s"], r["gen_tok_s"],
-             r.get("speedup_vs_reprefill", "-"), r["episode_bytes"] / 2**20,
+             r.get("speedup_vs_reprefill", "-"), r.get("wall_vs_session", "-"), r["episode_bytes"] / 2**20,
              f"{p.get('commit')}, {(p.get('measured_at') or '?')[5:16]}",
              "-" if load is None else f"{load[0]:.1f}"]
         )  # fmt: skip
@@ -311,7 +316,20 @@ def table(rows: list[dict], cfg: dict) -> str:
         "token counts are the chat template's rendering of the transcript (tool schemas, JSON tool "
         "calls). × re-prefill: within one run only. CPU, fp32, 1 thread per process; tiny-preset "
         "shapes, random weights; measured under contention (a 2-core machine shared with other jobs; "
-        "the load average at each row's start is beside it): one sample per row."
+        "the load average at each row's start is beside it): one sample per row." + same_run_note(rows)
+    )
+
+
+def same_run_note(rows: list[dict]) -> str:
+    """What the HTTP rows' "wall ÷ session" column divides by: the engine-session episode of their run."""
+    base = next((r["session_same_run"] for r in rows if r.get("session_same_run")), None)
+    if base is None:
+        return ""
+    load = base.get("load_average_start")
+    at = "" if not load else f" at a 1-min load of {load[0]:.1f}"
+    return (
+        f" Wall ÷ session: an http row's wall time over an engine-session episode measured in the same "
+        f"run, before the http rows ({base['wall_s']:.0f} s{at}, {base['tokens_per_episode']:.0f} tokens)."
     )
 
 
@@ -332,6 +350,10 @@ def main() -> int:
     ap.add_argument(
         "--http-block-sizes", default="16",
         help="the server's --prefix-block-size, one HTTP row each (default 16, the server's default)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--no-http-baseline", action="store_true",
+        help="do not measure a session episode beside the HTTP rows (their wall time against it, one load)",
     )  # fmt: skip
     ap.add_argument(
         "--merge", action="store_true",
@@ -376,10 +398,22 @@ def main() -> int:
                     m["speedup_vs_reprefill"] = m["tok_s"] / by_mode["re-prefill"]["tok_s"]
                 results.append(m)
     if "http" in modes:
+        baseline = None
+        if not args.no_http_baseline:  # the session row of this run, else one measured for the comparison
+            baseline = next((r for r in results if r["mode"] == "session" and r["episodes"] == 1), None)
+            if baseline is None:
+                load0 = load_average()
+                with torch.inference_mode():
+                    baseline = run_engine("session", 1, fields, tok)
+                baseline.pop("ids")
+                baseline["load_average_start"] = load0
         for block in (int(b) for b in args.http_block_sizes.split(",")):
             cpu0, load0 = time.process_time(), load_average()
             row = run_http(fields, tok, args.threads, block)
             row["provenance"] = row_provenance(cpu0, load0, args.note, server_cpu_s=row["server"]["cpu_s"])
+            if baseline is not None:
+                row["session_same_run"] = {k: baseline.get(k) for k in SAME_RUN_KEYS}
+                row["wall_vs_session"] = row["wall_s"] / baseline["wall_s"]
             results.append(row)
     rows = merged_rows(stored, results, cfg)
     cfg["episodes"] = sorted({r["episodes"] for r in rows if r["mode"] != "http"})

@@ -86,3 +86,13 @@ def test_an_http_episode_through_longmoe_serve_is_prefilled_from_its_previous_pr
     assert row["prompt_tokens"] > 2 * tokens  # each turn resends the transcript ...
     assert 0 < row["prefilled"] <= tokens + 16 * turns  # ... prefilled about once: from the last block
     assert row["episode_bytes"] > 0 and row["evictions"] == 0
+
+
+def test_http_rows_are_read_against_the_session_episode_of_their_own_run():
+    base = {"wall_s": 60.0, "tokens_per_episode": 28602, "load_average_start": [3.0, 2.0, 1.0]}
+    http = _row("http", 90.0, prefix_block_size=16, session_same_run=base, wall_vs_session=1.5)
+    md = rl.table([_row("session", 148.0), http], CFG)
+    session_line, http_line = (ln for ln in md.splitlines() if ln.startswith(("| session", "| http")))
+    assert "| 1.5 |" in http_line and "| 1.5 |" not in session_line
+    assert "engine-session episode measured in the same run" in md and "(60 s at a 1-min load of 3.0" in md
+    assert "same run, before" not in rl.table([_row("session", 148.0)], CFG)
