@@ -426,6 +426,7 @@ def _mqar_long(d: dict) -> list[Headline]:
                 f"MQAR recall at {top:,} tokens, queries uniform, {s['variant']} trained at {train_len}",
                 f"{s['mean']:.3f} ± {se:.3f}", f"chance {d['chance']:.3f}; target {d['settings']['target']}",
                 f"± one standard error over seeds {s['seeds']}",
+                model=f"{s['variant']}, d_model {d['settings']['d_model']}, trained from scratch on MQAR",
             ))  # fmt: skip
     return out
 

@@ -159,7 +159,7 @@ def test_mqar_long_headline_is_each_hybrid_at_the_longest_length_with_queries_an
         row("LM", "uniform", 4096, 0.9, 0.01), row("L", "uniform", 65536, 0.2, 0.05),
         row("LM", "uniform", 65536, 0.3, None),
     ]  # fmt: skip
-    d = {"settings": {"lengths": [4096, 65536], "target": 0.9}, "training": {"train_len": 64},
+    d = {"settings": {"lengths": [4096, 65536], "target": 0.9, "d_model": 64}, "training": {"train_len": 64},
          "chance": 0.125, "summary": summary}  # fmt: skip
     hs = _mqar_long(d)
     assert [h.value for h in hs] == ["0.500 ± 0.100", "0.300 ± 0.010"], "uniform, longest, hybrids only"
