@@ -124,6 +124,15 @@ def test_verdicts_read_the_numbers():
     }
     got = sorted(verdicts.values())
     assert got == ["helps", "helps", "met", "missed"], verdicts
+    recs += [_record("M", s, {4096: 0.9, 65536: a}, position="conv") for s, a in enumerate((0.5, 0.6, 0.7))]
+    lc.variants.append(Variant("M", "conv"))
+    nope = [c for c in checks(lc, summarise(lc, training, recs)) if c["claim"].startswith("NoPE attention")]
+    assert [c["verdict"] for c in nope] == ["not confirmed"] * 2 and "0.990 at 64 tokens" in nope[0][
+        "evidence"
+    ]
+    from longmoe.pipelines.mqar.long_report import _against
+
+    assert _against(0.93, 0.05, 0.9).startswith("unresolved") and _against(0.84, 0.05, 0.9) == "missed"
     md = tables(lc, 64, summary, checks(lc, summary))
     assert "| LLLM | 0.990 ± 0.000 | 0.950 ± 0.000 | 0.920 ± 0.011 |" in md
     assert "| chance 1/P | 0.125 | 0.125 | 0.125 |" in md
