@@ -123,7 +123,7 @@ def test_verdicts_read_the_numbers():
         for c in checks(lc, summary)
     }
     got = sorted(verdicts.values())
-    assert got == ["helps", "helps", "met", "missed"], verdicts
+    assert got == ["helps", "helps", "met", "met", "missed"], verdicts
     recs += [_record("M", s, {4096: 0.9, 65536: a}, position="conv") for s, a in enumerate((0.5, 0.6, 0.7))]
     lc.variants.append(Variant("M", "conv"))
     nope = [c for c in checks(lc, summarise(lc, training, recs)) if c["claim"].startswith("NoPE attention")]

@@ -104,6 +104,8 @@ def _cell(s: dict[str, Any] | None) -> str:
 
 
 def _len(n: int) -> str:
+    if n % (1 << 20) == 0:
+        return f"{n >> 20}M"
     return f"{n // 1024}K" if n % 1024 == 0 and n >= 1024 else str(n)
 
 
@@ -123,7 +125,7 @@ def checks(lc: LongConfig, summary: list[dict[str, Any]]) -> list[dict[str, str]
     remedy against its plain model (paired by seed: mean difference ± standard error over seeds)."""
     top, out = max(lc.lengths), []
     names = [v.name for v in lc.variants]
-    for h in HYBRIDS:
+    for h in [v.name for v in lc.variants if v.pattern in HYBRIDS]:  # the remedies' hybrids too
         s = _find(summary, h, "uniform", top)
         claim = f"target: hybrid {h} recall >= {lc.target} at {top:,} tokens, queries uniform over the row"
         if s is None:
