@@ -123,9 +123,11 @@ def test_rows_of_different_lengths_per_row_or_masked(path, T, masked_max, monkey
         assert (out[b] - full[b, n : n + T]).abs().max() < TOL
 
 
-def test_packed_documents_do_not_attend_across():
-    """The block-diagonal mask: each packed document equals the document alone."""
-    m = layer(3)
+@pytest.mark.parametrize("kind", ["plain", "shared key", "log-length scaled"])
+def test_packed_documents_do_not_attend_across(kind):
+    """The block-diagonal mask: each packed document equals the document alone (with a shared key part;
+    with log-length scaling, whose n counts the keys inside the query's own document)."""
+    m = {"plain": layer, "shared key": shared_layer, "log-length scaled": logn_layer}[kind](3)
     x = torch.randn(1, 20, 32)
     cu = torch.tensor([0, 6, 7, 20])
     with torch.no_grad():
@@ -227,35 +229,29 @@ def test_shared_key_cached_paths_equal_full_forward(split, path):
     assert st.nbytes(torch.tensor([23, 23])) == 2 * 23 * (8 + D_R) * 4
 
 
-def test_shared_key_static_shapes_and_padded_rows():
-    """The compiled-step layout (whole buffer + per-row mask) and rows of different lengths, both paths."""
-    m = shared_layer(8)
+@pytest.mark.parametrize("kind", ["shared key", "log-length scaled"])
+def test_static_shapes_and_padded_rows(kind):
+    """The compiled-step layout (whole buffer + per-row mask) and rows of different cached lengths, both
+    paths, a shared key part; with log-length scaling each row's queries are scaled by their own
+    positions (from the seq_lens tensor)."""
+    m = {"shared key": shared_layer, "log-length scaled": logn_layer}[kind](8)
     x = torch.randn(2, 15, 32)
     with torch.no_grad():
         full = m(x)
-        for path in ("naive", "absorbed"):
-            m.decode_path, m.static_shapes = path, True
-            lens = torch.tensor([9, 4])
-            st = MLAState(torch.zeros(2, 64, 8 + D_R))
-            for b, n in enumerate(lens.tolist()):
-                sb = m.new_state(1, x.device, x.dtype)
-                sb.reserve(64)
-                m(x[b : b + 1, :n], sb, torch.zeros(1, dtype=torch.long))
-                st.buf[b, :n] = sb.buf[0, :n]
-            out = m(torch.stack([x[0, 9:11], x[1, 4:6]]), st, lens)
-            assert (out[0] - full[0, 9:11]).abs().max() < TOL, path
-            assert (out[1] - full[1, 4:6]).abs().max() < TOL, path
+        for static in (False, True):
+            for path in ("naive", "absorbed"):
+                m.decode_path, m.static_shapes = path, static
+                lens = torch.tensor([9, 4])
+                st = MLAState(torch.zeros(2, 64 if static else 9, 8 + D_R))
+                for b, n in enumerate(lens.tolist()):
+                    sb = m.new_state(1, x.device, x.dtype)
+                    sb.reserve(64)
+                    m(x[b : b + 1, :n], sb, torch.zeros(1, dtype=torch.long))
+                    st.buf[b, :n] = sb.buf[0, :n]
+                out = m(torch.stack([x[0, 9:11], x[1, 4:6]]), st, lens)
+                assert (out[0] - full[0, 9:11]).abs().max() < TOL, (static, path)
+                assert (out[1] - full[1, 4:6]).abs().max() < TOL, (static, path)
         m.static_shapes = False
-
-
-def test_shared_key_packed_documents_do_not_attend_across():
-    m = shared_layer(9)
-    x = torch.randn(1, 20, 32)
-    cu = torch.tensor([0, 6, 7, 20])
-    with torch.no_grad():
-        packed = m(x, packing=Packing(cu))
-        alone = torch.cat([m(x[:, a:b]) for a, b in ((0, 6), (6, 7), (7, 20))], 1)
-    assert (packed - alone).abs().max() < TOL
 
 
 def test_default_has_no_shared_key_part():
@@ -336,41 +332,6 @@ def test_logn_scaling_split_long_prefix_path_equals_full_forward(monkeypatch):
     with torch.no_grad():
         out, _ = run_cached(m, x, 1, "absorbed")
         assert (out - m(x)).abs().max() < TOL
-
-
-def test_logn_scaling_static_shapes_and_padded_rows():
-    """The compiled-step layout (whole buffer + mask, positions from the seq_lens tensor) and rows at
-    different cached lengths: each row's queries are scaled by their own positions."""
-    m = logn_layer(14)
-    x = torch.randn(2, 15, 32)
-    with torch.no_grad():
-        full = m(x)
-        for static in (False, True):
-            for path in ("naive", "absorbed"):
-                m.decode_path, m.static_shapes = path, static
-                lens = torch.tensor([9, 4])
-                st = MLAState(torch.zeros(2, 64 if static else 9, 8 + D_R))
-                for b, n in enumerate(lens.tolist()):
-                    sb = m.new_state(1, x.device, x.dtype)
-                    sb.reserve(64)
-                    m(x[b : b + 1, :n], sb, torch.zeros(1, dtype=torch.long))
-                    st.buf[b, :n] = sb.buf[0, :n]
-                out = m(torch.stack([x[0, 9:11], x[1, 4:6]]), st, lens)
-                assert (out[0] - full[0, 9:11]).abs().max() < TOL, (static, path)
-                assert (out[1] - full[1, 4:6]).abs().max() < TOL, (static, path)
-        m.static_shapes = False
-
-
-def test_logn_scaling_counts_keys_inside_a_packed_document():
-    """Packed documents: a query's n is its position in its own document, so each equals the document
-    alone."""
-    m = logn_layer(15)
-    x = torch.randn(1, 20, 32)
-    cu = torch.tensor([0, 6, 7, 20])
-    with torch.no_grad():
-        packed = m(x, packing=Packing(cu))
-        alone = torch.cat([m(x[:, a:b]) for a, b in ((0, 6), (6, 7), (7, 20))], 1)
-    assert (packed - alone).abs().max() < TOL
 
 
 @pytest.mark.parametrize("scaled", [False, True])
