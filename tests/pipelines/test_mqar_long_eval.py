@@ -62,3 +62,15 @@ def test_bad_calls_name_the_problem():
         answer_logits(model, ids, torch.tensor([[20]]))
     with pytest.raises(ValueError, match="chunk"):
         answer_logits(model, ids, torch.tensor([[3]]), chunk=0)
+
+
+@pytest.mark.slow(wall="~40 s on 2 shared cores")
+@pytest.mark.parametrize(("pattern", "position"), [("LLLM", "none"), ("M", "conv")])
+def test_answer_logits_equal_the_full_forward_at_64k(pattern, position):
+    """At a long length, in the recipe's chunk size, with log-length scaling: still the full forward."""
+    model, _ = _model(pattern, position, 0.24, seed=2)
+    ids = torch.randint(0, VOCAB, (1, 65536))
+    pos = torch.tensor([[5, 4096, 8191, 8192, 65535]])
+    with torch.no_grad():
+        full = model(ids).logits[0, pos[0]]
+    assert (answer_logits(model, ids, pos, 8192).logits[0] - full).abs().max() < 1e-3
