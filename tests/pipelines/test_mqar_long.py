@@ -59,8 +59,10 @@ def test_quick_stage_trains_measures_reports_and_a_rerun_measures_nothing(tmp_pa
     before = {k: (out / "long" / k).read_bytes() for k in keys}
     assert main([*QUICK, "--out", str(out)]) == 0
     assert {k: (out / "long" / k).read_bytes() for k in keys} == before
-    assert main([*QUICK, "--out", str(out), "--report-only", "--variants", "LM"]) == 0
+    assert main([*QUICK, "--out", str(out), "--report-only", "--variants", "LM", "--note", "busy"]) == 0
     assert "| LLLM |" not in (out / "long_report.md").read_text(), "the report of the variants asked for"
+    prov = json.loads((out / "long_results.json").read_text())["provenance"]
+    assert prov["date"] == res["provenance"]["date"] and prov["report_only"]["note"] == "busy", "run's record"
     root = tmp_path / "repo"
     assert [p.relative_to(root).as_posix() for p in publish(out, root)] == [
         "docs/results/mqar_long_results.json",

@@ -10,13 +10,20 @@ reported accuracy is on separate test rows); each finished run is stored as
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 from longmoe.pipelines.mqar.config import CONFIG_FILE, SweepConfig
 from longmoe.pipelines.mqar.long_config import LONG_CONFIG_FILE, LongConfig, Variant
-from longmoe.pipelines.mqar.long_report import PUBLISHED_JSON, PUBLISHED_PLOT, publish, write_report
+from longmoe.pipelines.mqar.long_report import (
+    LONG_RESULTS,
+    PUBLISHED_JSON,
+    PUBLISHED_PLOT,
+    publish,
+    write_report,
+)
 from longmoe.pipelines.mqar.long_run import run_long, stored_records
 from longmoe.pipelines.mqar.run import run_sweep
 from longmoe.pipelines.recipe import add_common_arguments, config_error, recipe_parser
@@ -52,6 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"then copy the results and plot to {PUBLISHED_JSON}, {PUBLISHED_PLOT}",
     )
     g.add_argument("--allow-dirty", action="store_true", help="keep results made from uncommitted code")
+    g.add_argument("--note", help="a line kept in the results' provenance (e.g. how busy the machine was)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -143,10 +151,13 @@ def run_long_stage(args: argparse.Namespace) -> int:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     records = stored_records(lc, out) if args.report_only else run_long(lc, rc, out)
-    command = (
-        " ".join(["longmoe recipe mqar", *sys.argv[1:]]) if sys.argv[1:] else "longmoe recipe mqar --long"
-    )
-    result = write_report(lc, rc.training_settings(), records, out, provenance(command, started, commit))
+    argv = sys.argv[sys.argv.index("mqar") + 1 :] if "mqar" in sys.argv else sys.argv[1:]
+    prov = provenance(" ".join(["longmoe recipe mqar", *argv]), started, commit)
+    prov["note"] = args.note
+    old = out / LONG_RESULTS
+    if args.report_only and old.is_file():  # the numbers are the measuring run's: keep its record
+        prov = {**(json.loads(old.read_text()).get("provenance") or {}), "report_only": prov}
+    result = write_report(lc, rc.training_settings(), records, out, prov)
     for c in result["checks"]:
         print(f"{c['verdict']}: {c['claim']} ({c['evidence']})")
     if args.publish:
