@@ -20,7 +20,7 @@ def test_shipped_settings_load_and_bad_ones_name_the_field():
     lc = LongConfig.load(LONG_CONFIG_FILE)
     assert [v.name for v in lc.variants] == ["LLLM", "LM", "L", "M+conv", "LLLM+logn", "M+conv+logn"]
     assert max(lc.lengths) == 65536 and lc.seeds == [0, 1, 2] and lc.far_variants == ["LLLM"]
-    assert lc.rows_at(lc.variant("M+conv"), 65536) == 4 and lc.rows_at(lc.variant("LLLM"), 65536) == 8
+    assert lc.rows_at(lc.variant("M+conv"), 65536) == 3 and lc.rows_at(lc.variant("LLLM"), 65536) == 6
     assert LongConfig.from_dict(lc.to_dict()) == lc
     for bad, match in (
         ({"rows": [1]}, "rows"),

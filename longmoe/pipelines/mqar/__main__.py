@@ -5,6 +5,10 @@ cell of the config at every learning rate, keeping the lr with the best validati
 reported accuracy is on separate test rows); each finished run is stored as
 ``OUT/runs/<cell>.json`` and a rerun skips it. Writes ``OUT/report.md``, ``OUT/results.json`` and
 ``OUT/plots/``.
+
+With ``--long`` it runs the long-row stage instead (``long_run``): models trained as sweep cells at the
+sweep's length, tested on rows of 4K-64K+ tokens (``OUT/long/``, ``OUT/long_report.md``,
+``OUT/long_results.json``; ``--publish`` copies the results and plot into docs/).
 """
 
 from __future__ import annotations

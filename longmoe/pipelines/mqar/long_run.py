@@ -18,6 +18,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +144,11 @@ def _evaluate(
 
 
 def run_long(
-    lc: LongConfig, rc: SweepConfig, out: Path, log: Callable[[str], None] = print
+    lc: LongConfig, rc: SweepConfig, out: Path, log: Callable[[str], None] | None = None
 ) -> list[dict[str, Any]]:
-    """Every seed x variant (trained or loaded, then measured), then the far lengths; the records."""
+    """Every seed x variant (trained or loaded, then measured), then the far lengths; the records.
+    ``log``: a line per model and measurement (default: printed, flushed, so a log file follows it)."""
+    log = log or partial(print, flush=True)
     torch.set_num_threads(lc.threads)
     records: dict[str, dict[str, Any]] = {}
     for seed in lc.seeds:
