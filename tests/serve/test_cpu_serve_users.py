@@ -149,7 +149,7 @@ def test_servers_are_started_with_the_compared_settings(tmp_path):
 BINARY = os.environ.get(users.BINARY_ENV) or str(users.DEFAULT_BINARY)
 
 
-@pytest.mark.slow(wall="~90 s on 2 shared cores (converts a small checkpoint, starts two servers)")
+@pytest.mark.slow(wall="~40 s on 2 shared cores (converts a small checkpoint, starts two servers)")
 @pytest.mark.skipif(not os.access(BINARY, os.X_OK), reason="no llama-server (make llama-server)")
 def test_llama_server_and_longmoe_serve_answer_concurrent_clients_with_the_asked_tokens(tmp_path):
     pytest.importorskip("transformers")
