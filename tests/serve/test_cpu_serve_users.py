@@ -1,8 +1,8 @@
-"""bench/cpu_serve_users.py (longmoe serve vs llama-server, many clients at once) and its driver
-bench/http_load.py: the driver counts
-the tokens the servers report and keeps every failure, the verdicts judge the range over rounds, and a
-missing llama-server binary is refused in one line that names the make target. The last test starts a real
-llama-server and skips without the binary (``make llama-server``)."""
+"""bench/cpu_serve_users.py (longmoe serve vs llama-server, many clients at once) and its driver,
+bench/http_load.py: the driver sends the requests at once, counts the tokens the responses report and keeps
+every failure; the verdicts judge the range over rounds; a missing llama-server binary is refused in one
+line that names the make target. The last test starts a real llama-server and longmoe serve and skips
+without the binary (``make llama-server``)."""
 
 from __future__ import annotations
 
