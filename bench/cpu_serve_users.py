@@ -307,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         llama = llama_provenance(binary, servers) if binary else {}
         res = measure(servers, concurrency, args.rounds, args.new_tokens)
         cpu_s = time.process_time() + sum(cpu_seconds(s.proc.pid) for s in servers.values()) - cpu0
+        # a server that failed a request: its log's end goes into the JSON beside the failures
+        failed = {n for part in [res["warmup"], *res["rounds"]] for n, by_c in part.items()
+                  if n in servers and any(x["failures"] for x in by_c.values())}  # fmt: skip
+        res["failed_server_logs"] = {n: servers[n].tail(8000) for n in sorted(failed)}
     finally:
         for s in servers.values():
             s.stop()
