@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -149,8 +150,11 @@ def version_line(llama: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------- measuring
-def measure(servers: dict, concurrency: list[int], rounds: int, new_tokens: int) -> dict:
-    """``{"warmup": {server: {c: sample}}, "rounds": [{"load_average", server: {c: sample}}]}``."""
+def measure(
+    servers: dict, concurrency: list[int], rounds: int, new_tokens: int, on_round: Callable | None = None
+) -> dict:
+    """``{"warmup": {server: {c: sample}}, "rounds": [{"load_average", server: {c: sample}}]}``;
+    ``on_round(res)`` after each round (the run writes its results there: one cut short keeps its rounds)."""
 
     def sample(s: Server, c: int, seed: int) -> Sample:
         cpu0 = cpu_seconds(s.proc.pid)
@@ -174,6 +178,8 @@ def measure(servers: dict, concurrency: list[int], rounds: int, new_tokens: int)
                 row.setdefault(n, {})[c] = sample(servers[n], c, 1000 * r + c).to_dict()
         row["load_average"]["end"] = load_average()
         res["rounds"].append(row)
+        if on_round is not None:
+            on_round(res)
     return res
 
 
@@ -263,11 +269,14 @@ def table(summary: dict, concurrency: list[int], meta: dict) -> str:
         f"{meta['threads']} threads per server, {PROMPT_TOKENS}-token prompts + {meta['new_tokens']} new "
         f"tokens, greedy, `ignore_eos`; tokens counted from the responses, wall from the first request sent "
         f"to the last response; one untimed warm-up round per server and concurrency excluded; "
-        f"{meta['rounds']} alternating rounds. llama-server: {meta['llama_version']}, `--parallel {SLOTS}`, "
+        f"{meta['rounds']} alternating round(s)"
+        + (f" of {meta['rounds_planned']} planned" if meta.get("rounds_planned", 0) > meta["rounds"] else "")
+        + f". llama-server: {meta['llama_version']}, `--parallel {SLOTS}`, "
         f"`-fa on`, {SLOT_CTX} context per slot, its other defaults; longmoe serve: `--max-batch {SLOTS}`, "
         f"its other defaults. Server CPU ms/token: the server process's user + system CPU time over the "
         f"generated tokens (median over rounds). Measured {meta['measured_at']} on a shared 2-core machine, "
-        f"load average {la['start']} at start, {la['end']} at end, {meta['cpu_s']:,.0f} CPU s in all"
+        f"load average {la['start']} at start, {la['end']} at end, {meta['cpu_s']:,.0f} CPU s "
+        f"in all (client and server processes, start-up and compile included)"
         + (f"; {meta['note']}" if meta["note"] else "")
         + "."
     )
@@ -283,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--threads", type=int, default=2, help="threads per server (2)")
     ap.add_argument("--clients", default="1,8,32", help="concurrent clients per measurement (1,8,32)")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (3)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds, >= 1 (3)")
     ap.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help=f"tokens per request ({NEW_TOKENS})")
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated servers (all)")
     ap.add_argument("--note", default="", help="the machine's conditions during this run")
@@ -293,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := [n for n in names if n not in ENGINES]:
         raise SystemExit(f"error: --engines: unknown {unknown}; choose from {list(ENGINES)}")
     concurrency = [int(c) for c in args.clients.split(",")]
+    if args.rounds < 1:
+        raise SystemExit(f"error: --rounds: at least 1, not {args.rounds}")
     if max(concurrency) > SLOTS:
         raise SystemExit(f"error: --clients: at most {SLOTS} (the servers' batch and slot count)")
     binary = find_binary(args.llama_server) if any(ENGINES[n][0] == "llama" for n in names) else None
@@ -303,49 +314,54 @@ def main(argv: list[str] | None = None) -> int:
     logdir.mkdir(parents=True, exist_ok=True)
     load0, cpu0 = load_average(), time.process_time()
     servers = start_servers(names, paths, binary, args.threads, logdir)
-    try:
-        llama = llama_provenance(binary, servers) if binary else {}
-        res = measure(servers, concurrency, args.rounds, args.new_tokens)
+    name = "cpu_serve_users" + ("" if args.size == "15m" else f"_{args.size.replace('.', '')}")
+
+    def publish(res: dict) -> None:
+        """Write the results of the rounds so far (servers still up: their CPU time and logs are read)."""
         cpu_s = time.process_time() + sum(cpu_seconds(s.proc.pid) for s in servers.values()) - cpu0
         # a server that failed a request: its log's end goes into the JSON beside the failures
         failed = {n for part in [res["warmup"], *res["rounds"]] for n, by_c in part.items()
                   if n in servers and any(x["failures"] for x in by_c.values())}  # fmt: skip
         res["failed_server_logs"] = {n: servers[n].tail(8000) for n in sorted(failed)}
+        summary = summarize(res, concurrency)
+        meta = {
+            "label": cpu_peer.LABEL[args.size],
+            "threads": args.threads,
+            "new_tokens": args.new_tokens,
+            "rounds": len(res["rounds"]),
+            "rounds_planned": args.rounds,
+            "llama_version": version_line(llama),
+            "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "cpu_s": cpu_s,
+            "load_average": {"start": load0, "end": load_average()},
+            "note": args.note,
+        }
+        payload = {
+            "model": {"size": args.size, "kimi_shapes": cpu_peer.kimi_shapes(args.size)},
+            "settings": {
+                "prompt_tokens": PROMPT_TOKENS,
+                "new_tokens": args.new_tokens,
+                "clients": concurrency,
+                "slots": SLOTS,
+                "slot_ctx": SLOT_CTX,
+                "threads": args.threads,
+            },  # fmt: skip
+            "commands": {n: " ".join(s.cmd) for n, s in servers.items()},
+            "llama_server": llama,
+            "measured": res,
+            "summary": summary,
+            "meta": meta,
+            "commit": common.START_COMMIT,
+        }
+        md = table(summary, concurrency, meta)
+        write_results(name, payload, md, update_readme=not (args.no_readme or args.size != "15m"))
+
+    try:
+        llama = llama_provenance(binary, servers) if binary else {}
+        measure(servers, concurrency, args.rounds, args.new_tokens, on_round=publish)
     finally:
         for s in servers.values():
             s.stop()
-    summary = summarize(res, concurrency)
-    meta = {
-        "label": cpu_peer.LABEL[args.size],
-        "threads": args.threads,
-        "new_tokens": args.new_tokens,
-        "rounds": args.rounds,
-        "llama_version": version_line(llama),
-        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "cpu_s": cpu_s,
-        "load_average": {"start": load0, "end": load_average()},
-        "note": args.note,
-    }
-    md = table(summary, concurrency, meta)
-    payload = {
-        "model": {"size": args.size, "kimi_shapes": cpu_peer.kimi_shapes(args.size)},
-        "settings": {
-            "prompt_tokens": PROMPT_TOKENS,
-            "new_tokens": args.new_tokens,
-            "clients": concurrency,
-            "slots": SLOTS,
-            "slot_ctx": SLOT_CTX,
-            "threads": args.threads,
-        },
-        "commands": {n: " ".join(s.cmd) for n, s in servers.items()},
-        "llama_server": llama,
-        "measured": res,
-        "summary": summary,
-        "meta": meta,
-        "commit": common.START_COMMIT,
-    }
-    name = "cpu_serve_users" + ("" if args.size == "15m" else f"_{args.size.replace('.', '')}")
-    write_results(name, payload, md, update_readme=not (args.no_readme or args.size != "15m"))
     return 0
 
 
