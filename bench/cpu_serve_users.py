@@ -37,6 +37,7 @@ import argparse
 import hashlib
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -312,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     logdir = args.workdir / "users_logs"
     logdir.mkdir(parents=True, exist_ok=True)
+    # SIGTERM (and SIGINT, ignored in a background job) unwinds through the servers' stop below
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load0, cpu0 = load_average(), time.process_time()
     servers = start_servers(names, paths, binary, args.threads, logdir)
     name = "cpu_serve_users" + ("" if args.size == "15m" else f"_{args.size.replace('.', '')}")
