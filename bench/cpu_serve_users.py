@@ -152,14 +152,21 @@ def version_line(llama: dict) -> str:
 
 # ------------------------------------------------------------------------------------------- measuring
 def measure(
-    servers: dict, concurrency: list[int], rounds: int, new_tokens: int, on_round: Callable | None = None
+    servers: dict,
+    concurrency: list[int],
+    rounds: int,
+    new_tokens: int,
+    on_round: Callable | None = None,
+    warmup: tuple[list[int], int] | None = None,
 ) -> dict:
     """``{"warmup": {server: {c: sample}}, "rounds": [{"load_average", server: {c: sample}}]}``;
-    ``on_round(res)`` after each round (the run writes its results there: one cut short keeps its rounds)."""
+    ``on_round(res)`` after each round (the run writes its results there: one cut short keeps its rounds);
+    ``warmup``: (clients, new tokens) of the untimed warm-up, by default a whole round's."""
+    w_clients, w_tokens = warmup or (concurrency, new_tokens)
 
-    def sample(s: Server, c: int, seed: int) -> Sample:
+    def sample(s: Server, c: int, seed: int, tokens: int = new_tokens) -> Sample:
         cpu0 = cpu_seconds(s.proc.pid)
-        out = run_clients(s.url, prompts(c, seed), new_tokens)
+        out = run_clients(s.url, prompts(c, seed), tokens)
         out.server_cpu_s = cpu_seconds(s.proc.pid) - cpu0
         print(f"{s.name} x{c}: {out.tok_s:.0f} tok/s, {out.ok}/{c} ok", flush=True)
         for f in out.failures[:3]:
@@ -168,7 +175,9 @@ def measure(
 
     names = list(servers)
     res: dict = {
-        "warmup": {n: {c: sample(servers[n], c, 999_000 + c).to_dict() for c in concurrency} for n in names},
+        "warmup": {
+            n: {c: sample(servers[n], c, 999_000 + c, w_tokens).to_dict() for c in w_clients} for n in names
+        },
         "rounds": [],
     }
     for r in range(rounds):
@@ -198,8 +207,8 @@ def summarize(res: dict, concurrency: list[int]) -> dict:
                 "cpu_ms_per_token": statistics.median(cpu) if cpu else None,
                 "ok": sum(s["ok"] for s in ss),
                 "requests": sum(s["clients"] for s in ss),
-                "warmup_ok": res["warmup"][n][c]["ok"],
-                "warmup_requests": c,
+                "warmup_ok": sum(w["ok"] for w in res["warmup"][n].values()),
+                "warmup_requests": sum(w["clients"] for w in res["warmup"][n].values()),
             }
     goals = []
     for n in names:
@@ -269,7 +278,7 @@ def table(summary: dict, concurrency: list[int], meta: dict) -> str:
         f"{meta['label']} Kimi-Linear checkpoint (random weights, the same weights in every server), "
         f"{meta['threads']} threads per server, {PROMPT_TOKENS}-token prompts + {meta['new_tokens']} new "
         f"tokens, greedy, `ignore_eos`; tokens counted from the responses, wall from the first request sent "
-        f"to the last response; one untimed warm-up round per server and concurrency excluded; "
+        f"to the last response; {meta.get('warmup', 'one untimed warm-up round per server')}, excluded; "
         f"{meta['rounds']} alternating round(s)"
         + (f" of {meta['rounds_planned']} planned" if meta.get("rounds_planned", 0) > meta["rounds"] else "")
         + f". llama-server: {meta['llama_version']}, `--parallel {SLOTS}`, "
@@ -296,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds, >= 1 (3)")
     ap.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help=f"tokens per request ({NEW_TOKENS})")
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated servers (all)")
+    ap.add_argument(
+        "--short-warmup",
+        action="store_true",
+        help="warm up with 2 clients x 8 tokens per server instead of a whole round (a loaded machine)",
+    )
     ap.add_argument("--note", default="", help="the machine's conditions during this run")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite docs/benchmarks.md")
     args = ap.parse_args(argv)
@@ -333,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
             "new_tokens": args.new_tokens,
             "rounds": len(res["rounds"]),
             "rounds_planned": args.rounds,
+            "warmup": "untimed warm-up: 2 clients x 8 tokens per server"
+            if args.short_warmup
+            else "one untimed warm-up round per server and concurrency",
             "llama_version": version_line(llama),
             "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "cpu_s": cpu_s,
@@ -361,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         llama = llama_provenance(binary, servers) if binary else {}
-        measure(servers, concurrency, args.rounds, args.new_tokens, on_round=publish)
+        warm = ([2], 8) if args.short_warmup else None
+        measure(servers, concurrency, args.rounds, args.new_tokens, on_round=publish, warmup=warm)
     finally:
         for s in servers.values():
             s.stop()
