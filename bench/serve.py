@@ -243,7 +243,7 @@ def compile_config(name: str) -> ModelConfig:
         from bench.cpu_peer import kimi_shapes
         from longmoe.interop.kimi_config import config_from_hf
 
-        return config_from_hf(kimi_shapes(quick=False), dtype="float32").replace(max_seq_len=MAX_CTX)
+        return config_from_hf(kimi_shapes("0.3b"), dtype="float32").replace(max_seq_len=MAX_CTX)
     cfg = preset("small")
     ffn = cfg.ffn.__class__(**{**cfg.ffn.__dict__, "n_experts": 32})
     return cfg.replace(n_layers=4, ffn=ffn, max_seq_len=MAX_CTX)
