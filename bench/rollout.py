@@ -158,7 +158,7 @@ def main() -> int:
     table += (
         f"\n\n{turns} turns per episode (≤ {turn_tokens} sampled tokens each, observations of {obs_words}"
         f" words); the last column counts episodes whose tokens equal the session run's (float32 rounding can"
-        " flip a sampled token; the JSON says where). CPU, fp32, {torch.get_num_threads()} "
+        f" flip a sampled token; the JSON says where). CPU, fp32, {torch.get_num_threads()} "
         "thread(s), shared machine; tiny-preset shapes, random weights."
     )
     name = "rollout_quick" if args.quick else "rollout"
