@@ -215,7 +215,8 @@ def decode_table(res: dict) -> str:
         "wall ms/token",
         "CPU ms, one piece",
         "floor ms",
-        "CPU / floor",
+        "CPU / floor [min, max]",
+        "within 2x",
         "MB read: weights + KDA + latents",
         "pure-MLA floor ms",
         "full-MHA floor ms",
@@ -224,6 +225,8 @@ def decode_table(res: dict) -> str:
     for n, r in res["rows"].items():
         s, one = r["cpu_ms"]["split"], r["cpu_ms"].get("one piece")
         n_one = "" if one is None else f"{one['median']:.2f}" + (" (1 sample)" if one["n"] == 1 else "")
+        lo, hi = s["min"] / r["floor_ms"], s["max"] / r["floor_ms"]
+        met = "met" if hi <= 2 else "missed" if lo > 2 else "within the spread"
         rows.append(
             [
                 f"{int(n) // K}K",
@@ -231,7 +234,8 @@ def decode_table(res: dict) -> str:
                 r["wall_ms"]["split"]["median"],
                 n_one,
                 r["floor_ms"],
-                f"{r['ratio']['split']:.2f}x",
+                f"{r['ratio']['split']:.2f}x [{lo:.2f}, {hi:.2f}]",
+                met,
                 r["bytes"]["total"] / 1e6,
                 r["pure_mla_floor_ms"],
                 r["full_mha_floor_ms"],
@@ -480,6 +484,7 @@ def plot(res: dict) -> None:
             xs, [r["cpu_ms"]["split"]["median"] for r in dec["rows"].values()], "o-", label="decode, CPU ms"
         )
         ax.plot(xs, [r["floor_ms"] for r in dec["rows"].values()], "k--", label="floor (bytes / bandwidth)")
+        ax.plot(xs, [2 * r["floor_ms"] for r in dec["rows"].values()], "k:", label="2x floor (target)")
         ax.plot(xs, [r["full_mha_floor_ms"] for r in dec["rows"].values()], ":", label="full-MHA floor")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

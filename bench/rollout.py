@@ -2,13 +2,19 @@
 
 Each episode alternates a sampled assistant turn (up to ``TURN`` tokens) and a tool observation of
 ``OBS`` tokens for ``TURNS`` turns, so a trajectory grows to thousands of tokens. Three ways to run
-the same episodes (same seeds, so the same tokens; checked), at 1, 8 and 32 concurrent episodes:
+the same episodes (same seeds, so the same tokens), at 1, 8 and 32 concurrent episodes:
 
 - **session**: each episode keeps its cache row across turns (``serve/session.py``); a turn prefills
   only its observation;
 - **prefix**: each turn resubmits the whole trajectory and the prefix cache restores the longest
   block-aligned snapshot (what "snapshot at the end of generation" would approach);
 - **re-prefill**: each turn resubmits the whole trajectory and prefills it from scratch.
+
+The three modes reach the same state by different float32 sums (a chunk split at another token, a
+restored snapshot), so a sampled token whose draw falls within rounding of a threshold can differ and
+its episode then goes its own way: each row says how many episodes match the session ones token for
+token and where the others first differ. In float64 the modes give the same tokens
+(``tests/bench/test_rollout_modes.py``), so a mismatch there is a bug, not rounding.
 
 Reported: trajectory tokens per second (every token of every finished trajectory / wall time),
 generated tokens per second, prompt tokens the engine actually prefilled, and the speed-up of
@@ -66,22 +72,35 @@ class EchoEnv:
         return self.n
 
 
-def engine(mode: str, max_ctx: int) -> Engine:
+def engine(mode: str, max_ctx: int, dtype: torch.dtype = torch.float32) -> Engine:
     torch.manual_seed(0)
     cfg = preset("tiny").replace(max_seq_len=max_ctx)
     opts = EngineConfig(
         cache_budget_bytes=8 << 30, prefill_chunk=512, max_batch=32, prefix_cache=mode == "prefix",
         max_context=max_ctx,
     )  # fmt: skip
-    return Engine(LongMoE(cfg), bench_tokenizer(cfg.vocab_size), opts)
+    return Engine(LongMoE(cfg).to(dtype), bench_tokenizer(cfg.vocab_size), opts)
 
 
-def run_mode(mode: str, n_eps: int, turns: int, obs_words: int, turn_tokens: int, max_ctx: int) -> dict:
+def agreement(ref: list[list[int]], got: list[list[int]]) -> dict:
+    """How many episodes equal the reference token for token, and where each other one first differs."""
+    diverged = []
+    for i, (a, b) in enumerate(zip(ref, got, strict=True)):
+        if a != b:
+            at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            diverged.append({"episode": i, "first_diff_token": at, "tokens": [len(a), len(b)]})
+    return {"identical": len(ref) - len(diverged), "episodes": len(ref), "diverged": diverged}
+
+
+def run_mode(
+    mode: str, n_eps: int, turns: int, obs_words: int, turn_tokens: int, max_ctx: int,
+    dtype: torch.dtype = torch.float32,
+) -> dict:  # fmt: skip
     rcfg = RolloutConfig(
         group_size=1, max_turn_tokens=turn_tokens, max_episode_tokens=max_ctx - 1,
         sessions=mode == "session", seed=1,
     )  # fmt: skip
-    with engine(mode, max_ctx) as e:
+    with engine(mode, max_ctx, dtype) as e:
         collect(e, lambda i: EchoEnv(2, 8), [0], rcfg)  # warm-up
         before = e.stats()
         t0 = time.perf_counter()
@@ -122,21 +141,24 @@ def main() -> int:
             by_mode = {m: run_mode(m, n, turns, obs_words, turn_tokens, max_ctx) for m in MODES}
             ref = by_mode["session"]["ids"]
             for m in MODES:
-                assert by_mode[m]["ids"] == ref, f"{m} rollouts differ from the session rollouts at {n}"
+                by_mode[m]["same_as_session"] = agreement(ref, by_mode[m]["ids"])
             base = by_mode["re-prefill"]["tok_s"]
             for m in MODES:
                 r = by_mode[m]
                 r.pop("ids")
                 r["speedup_vs_reprefill"] = r["tok_s"] / base
                 results.append(r)
+                same = r["same_as_session"]
+                agree = f"{same['identical']}/{same['episodes']}"
                 rows.append([n, m, r["tokens"] // n, r["prefilled"], r["wall_s"], r["tok_s"], r["gen_tok_s"],
-                             r["speedup_vs_reprefill"]])  # fmt: skip
+                             r["speedup_vs_reprefill"], agree])  # fmt: skip
     header = ["episodes", "mode", "tokens/episode", "prefilled tokens", "wall s", "trajectory tok/s",
-              "generated tok/s", "× re-prefill"]  # fmt: skip
+              "generated tok/s", "× re-prefill", "episodes = session's"]  # fmt: skip
     table = markdown_table(header, rows)
     table += (
         f"\n\n{turns} turns per episode (≤ {turn_tokens} sampled tokens each, observations of {obs_words}"
-        f" words); identical tokens in every mode (asserted). CPU, fp32, {torch.get_num_threads()} "
+        f" words); the last column counts episodes whose tokens equal the session run's (float32 rounding can"
+        " flip a sampled token; the JSON says where). CPU, fp32, {torch.get_num_threads()} "
         "thread(s), shared machine; tiny-preset shapes, random weights."
     )
     name = "rollout_quick" if args.quick else "rollout"

@@ -14,7 +14,10 @@ SKIP = {
     "load",
     "tables",
     "docnumbers",
-}  # helpers, this runner, doc checkers; the load test runs alone
+    "http_load",
+    "cpu_serve_users",
+}  # helpers, this runner, doc checkers; the load test runs alone; cpu_serve_users needs llama-server
+# (make bench-cpu builds it and runs it)
 
 if __name__ == "__main__":
     failed = []

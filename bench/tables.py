@@ -7,6 +7,7 @@ A table lives between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``; its sou
   SHA-256, checked here, so a table cannot drift from its JSON);
 - ``demo``, ``demo_run`` and ``recall``: ``docs/results/demo_results.json``, through the demo's own renderers
   (``longmoe.pipelines.demo.report``);
+- ``mqar_long``: ``docs/results/mqar_long_results.json``, through ``longmoe.pipelines.mqar.long_report``;
 - ``headline``: the README's headline numbers, ``longmoe.report.card.headline_table`` over every result JSON;
 - ``vision_extract:documents*`` (docs/vision.md): the four-family extraction runs in
   ``docs/results/vision_extract_documents*_results.json``, through
@@ -87,12 +88,22 @@ def _demo_tables(root: Path) -> dict[str, str]:
     return out
 
 
+def _mqar_long_table(root: Path) -> dict[str, str]:
+    """``mqar_long``: recall at 4K-64K+ tokens, ``docs/results/mqar_long_results.json`` through the MQAR
+    recipe's own renderer (``longmoe.pipelines.mqar.long_report``)."""
+    from longmoe.pipelines.mqar.long_report import PUBLISHED_JSON, render
+
+    path = root / PUBLISHED_JSON
+    return {"mqar_long": render(json.loads(path.read_text()))} if path.exists() else {}
+
+
 def sources(root: Path = ROOT) -> dict[str, str]:
     """Table name -> the text that belongs between its markers."""
     results = root / "bench" / "results"  # a table renders a result JSON; a lone .md (a profile) is none
     out = {f"bench:{p.stem}": _bench_table(p.stem, root) for p in sorted(results.glob("*.json"))}
     out.update(_demo_tables(root))
     out.update(document_tables(root))
+    out.update(_mqar_long_table(root))
     out["headline"] = headline_table(collect(default_dirs(root)), root)
     return out
 

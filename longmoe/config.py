@@ -219,6 +219,9 @@ class ModelConfig(JsonConfig):
     mla_v_head_dim: int = 64
     mla_gate: bool = True  # sigmoid output gate on the head outputs; False = plain MLA (Kimi-Linear)
     mla_norm_eps: float | None = None  # eps of the q / kv latent norms; None = norm_eps
+    # log-length attention scaling (scalable softmax, SSMax): a query that sees n keys has its logits
+    # multiplied by mla_logn_scale · ln(n) (n = its position in its sequence + 1); 0.0 = off (plain softmax)
+    mla_logn_scale: float = 0.0
     # residual stream
     attn_res: bool = True  # block attention residuals; False = plain residuals (ablation)
     attn_res_blocks: int = 4  # N blocks of layers
@@ -295,6 +298,13 @@ class ModelConfig(JsonConfig):
                 "null or a float > 0",
             )
         check(isinstance(self.mla_gate, bool), "mla_gate", self.mla_gate, "true or false")
+        v = self.mla_logn_scale
+        check(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf"),
+            "mla_logn_scale",
+            v,
+            "a finite float >= 0 (0 = off; s > 0: logits times s·ln(keys seen))",
+        )
         check(
             self.attn_res_blocks <= self.n_layers,
             "attn_res_blocks",

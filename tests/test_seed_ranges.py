@@ -45,6 +45,18 @@ def test_mqar_train_validation_test_rows_are_disjoint(rc):
     assert all(mq.train_seed(s, rc.steps - 1) < mq.train_seed(s + 1, 0) for s in seeds)
 
 
+def test_mqar_long_rows_are_test_rows_apart_from_the_sweeps_and_each_other():
+    """The long-row stage's rows lie in the test range, never on a sweep test row, one band per placement."""
+    from longmoe.tasks.mqar import PLACEMENTS
+
+    assert mq.LONG_PLACEMENTS == PLACEMENTS
+    seeds = {(n, p): mq.long_test_seed(n, p) for n in (64, 4096, mq.MAX_LONG_LEN) for p in PLACEMENTS}
+    assert len(set(seeds.values())) == len(seeds) and all(s in mq.test_range() for s in seeds.values())
+    assert not set(seeds.values()) & {mq.test_seed(n) for n in range(1, 1 << 16)}
+    with pytest.raises(ValueError, match="seq_len"):
+        mq.long_test_seed(mq.MAX_LONG_LEN + 1, "near")
+
+
 def test_mqar_validation_and_test_rows_share_no_row():
     rc = load_config(parse_args(["--quick"]))
     p, n = rc.pairs[0], rc.train_len

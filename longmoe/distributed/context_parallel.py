@@ -198,6 +198,8 @@ class ContextParallel:
         k, v = layer.expand_kv(c_all[:, k0:hi])  # [B, H, hi-k0, Dk], [B, H, hi-k0, Dv]
         pos_q = torch.arange(lo, hi, device=x.device)
         pos_k = torch.arange(k0, hi, device=x.device)
+        # log-length scaling by each query's position in its sequence (its document's, when packed)
+        q = layer.length_scaled(q, pos_q if lay.packing is None else lay.packing.doc_pos[lo:hi])
         mask = pos_k[None, :] <= pos_q[:, None]  # [T, hi-k0] causal with the query offset
         if lay.packing is not None:
             doc = lay.packing.doc_id

@@ -193,6 +193,7 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
             "1 (Kimi-Linear's experts run at full width, no latent space)",
         ),
         (not cfg.mla_gate, "mla_gate", "false (Kimi-Linear's MLA has no output gate)"),
+        (cfg.mla_logn_scale == 0, "mla_logn_scale", "0 (Kimi-Linear's MLA has no log-length scaling)"),
         (cfg.kda_gate_rank == cfg.kda_head_dim, "kda_gate_rank", f"kda_head_dim = {cfg.kda_head_dim}"),
         (
             cfg.kda_out_gate_rank == cfg.kda_head_dim,

@@ -42,8 +42,13 @@ class BlockAttnRes(nn.Module):
         if len(values) == 1:
             return values[0]
         w = self.queries[idx].to(values[0].dtype)  # [d]
-        logits = torch.stack([k @ w for k in keys])  # [S, B, T]
+        # without autograd the sources are stacked: a handful of kernels whatever their number (a decode
+        # step mixes 17 times); with it, per source (a stack would hold a copy of every source for backward)
+        stacked = not torch.is_grad_enabled()
+        logits = torch.stack(keys) @ w if stacked else torch.stack([k @ w for k in keys])  # [S, B, T]
         p = torch.softmax(logits.float(), dim=0).to(values[0].dtype)  # [S, B, T]
+        if stacked:
+            return (torch.stack(values) * p.unsqueeze(-1)).sum(0)
         out = values[0] * p[0, ..., None]
         for i in range(1, len(values)):
             out = out + values[i] * p[i, ..., None]

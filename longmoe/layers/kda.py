@@ -56,6 +56,8 @@ def _causal_conv_inputs(
     if tail is None:
         tail = x.new_zeros(B, W - 1, C)
     xp = torch.cat([tail.to(x.dtype), x], dim=1)  # [B, W-1+T, C]
+    if T == 1 and packing is None:  # a decode step: the W taps of one token, one product and one sum
+        return (xp * weight.t()).sum(1, keepdim=True), xp
     y = xp[:, W - 1 :] * weight[:, W - 1]
     for i in range(W - 1):
         s = W - 1 - i  # tokens back

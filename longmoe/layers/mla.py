@@ -11,6 +11,13 @@ heads (MQA-style). Query heads are ``[q_h | q_r,h]`` (``Dq + d_r``), keys ``[W_u
 score is ``q_h·W_uk,h c + q_r,h·k_r`` scaled by ``(Dq + d_r)^-1/2``. The cache row of a token is
 ``[c | k_r]`` (``d_c + d_r`` numbers); with ``d_r = 0`` everything is the plain latent.
 
+Log-length scaling (``mla_logn_scale = s > 0``; scalable softmax, Nakanishi 2025, the attention-temperature
+tuning Llama 4 applies to its NoPE layers): the query of a token that sees ``n`` keys (its position in its
+sequence + 1) is multiplied by ``s · ln n`` before attending, so its logits are; the softmax then stays
+as peaked over 64K keys as over 64. Every path scales the query by the same factor of the same position
+(``length_scaled``): training, packed documents, cached prefill and decode (naive and absorbed, the split
+long-prefix path included: it takes the scaled query) and ``attend_at``.
+
 Two ways to attend against the cache, which must agree:
 - naive: expand ``k, v`` for every cached token, then attend;
 - absorbed: fold ``W_uk`` into the query (``q̃_h = [W_ukᵀ q_h | q_r,h] ∈ R^{d_c + d_r}``) and ``W_uv``
@@ -56,6 +63,7 @@ class MLALayer(nn.Module):
         self.kv_up = nn.Linear(self.d_c, H * (self.Dq + self.Dv), bias=False)  # W_uk (all heads) | W_uv
         self.o_proj = nn.Linear(H * self.Dv, d, bias=False)
         self.scale = self.Dk**-0.5
+        self.logn_scale = float(cfg.mla_logn_scale)  # 0.0: plain softmax (see the module docstring)
         self.decode_path = "auto"  # how a call with a cache attends: "auto" (by cost), "absorbed" or "naive"
         # static shapes (torch.compile'd steps): attend over the whole latent buffer with a per-row mask
         # instead of slicing it to the longest row; the caller reserves the capacity (Cache.reserve)
@@ -95,6 +103,8 @@ class MLALayer(nn.Module):
         """``x [B, T, d]``. With ``state`` the new cache rows are appended after ``seq_lens [B]`` per row."""
         B, T, _ = x.shape
         q, c, gate = self.project(x)  # [B, H, T, Dk], [B, T, d_c + d_r], [B, T, H*Dv]
+        if self.logn_scale:
+            q = self.length_scaled(q, self._positions(T, state, seq_lens, packing, x.device))
         mask, causal, starts = None, False, None
         static = shape_static(self)  # read once: the layout and the attention below must agree
         if state is None:
@@ -123,6 +133,32 @@ class MLALayer(nn.Module):
         else:
             raise ValueError(f"decode_path: expected one of {DECODE_PATHS}, got {path!r}")
         return self.output(o, gate)
+
+    def length_scaled(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``q [B, H, T, Dk]`` of queries at ``positions`` (0-based in their sequence, ``[T]`` or ``[B, T]``)
+        times ``logn_scale · ln(position + 1)`` (the keys each sees); ``q`` itself when the scaling is off."""
+        if not self.logn_scale:
+            return q
+        f = self.logn_scale * torch.log1p(positions.to(device=q.device, dtype=torch.float32))  # [T] | [B, T]
+        f = f.view(-1, 1, q.shape[2], 1) if f.dim() == 2 else f.view(1, 1, -1, 1)  # [B | 1, 1, T, 1]
+        return q * f.to(q.dtype)
+
+    @staticmethod
+    def _positions(
+        T: int,
+        state: MLAState | None,
+        seq_lens: torch.Tensor | None,
+        packing: Packing | None,
+        device: torch.device,
+    ) -> torch.Tensor:
+        """Each new token's position in its sequence: ``[T]`` (from 0; inside its document when packed) or,
+        continuing a cache, ``[B, T]`` after each row's ``seq_lens`` (tensor arithmetic: no host sync)."""
+        t = torch.arange(T, device=device)
+        if state is None:
+            return t if packing is None else packing.doc_pos.to(device)
+        if seq_lens is None:
+            raise ValueError("seq_lens: a call continuing a cache needs each row's cached length")
+        return seq_lens.to(device)[:, None] + t[None, :]
 
     @staticmethod
     def _per_row(starts: list[int], T: int, q: torch.Tensor, attend) -> torch.Tensor:  # noqa: ANN001
@@ -161,7 +197,7 @@ class MLALayer(nn.Module):
         """
         B, H, T, _ = q.shape
         w_uk, w_uv = self._w_uk_uv()
-        q_abs = torch.einsum("bhtk,hkc->bhtc", q[..., : self.Dq], w_uk)  # [B, H, T, d_c]
+        q_abs = q[..., : self.Dq] @ w_uk  # [B, H, T, d_c] (per head: [T, Dq] @ [Dq, d_c])
         if self.d_r:  # keys [c | k_r] against [W_ukᵀ q | q_r]
             q_abs = torch.cat([q_abs, q[..., self.Dq :]], dim=-1)  # [B, H, T, d_c + d_r]
         C, S = ctx.shape[-1], ctx.shape[1]
@@ -182,7 +218,30 @@ class MLALayer(nn.Module):
             kv = ctx.unsqueeze(1).expand(B, H, S, C)  # [B, H, S, C] (a view)
             o_lat = F.scaled_dot_product_attention(q_abs, kv, kv, attn_mask=mask, scale=self.scale)
         o_lat = o_lat[..., : self.d_c]  # [B, H, T, d_c]
-        return torch.einsum("bhtc,hvc->bhtv", o_lat, w_uv)  # [B, H, T, Dv]
+        return o_lat @ w_uv.transpose(1, 2)  # [B, H, T, Dv] (per head: [T, d_c] @ [d_c, Dv])
+
+    def attend_at(
+        self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's output for ``n`` tokens only: ``x [B, n, d]`` (this layer's input at them) at
+        ``positions [B, n]`` of rows whose cache rows are ``rows [B, S, d_c + d_r]`` (``project`` of every
+        token, the tokens' own included); each attends to the rows ``j ≤ its position``, as in
+        ``forward``. Returns ``(out [B, n, d], weights [B, H, n, S])``, the attention weights (0 past a
+        query's position). Reading a few positions of a long sequence costs ``O(n · S)``, not ``O(S²)``."""
+        B, n, _ = x.shape
+        S = rows.shape[1]
+        if positions.shape != (B, n) or rows.shape[0] != B or (n and int(positions.max()) >= S):
+            raise ValueError(
+                f"positions: expected [{B}, {n}] below the {S} rows given, got {list(positions.shape)}"
+            )
+        q, _, gate = self.project(x)  # [B, H, n, Dk], -, [B, n, H*Dv]
+        q = self.length_scaled(q, positions)
+        k, v = self.expand_kv(rows)  # [B, H, S, Dk], [B, H, S, Dv]
+        scores = torch.einsum("bhnk,bhsk->bhns", q, k.to(q.dtype)).float() * self.scale  # [B, H, n, S]
+        seen = torch.arange(S, device=x.device)[None, None, :] <= positions[:, :, None]  # [B, n, S]
+        w = torch.softmax(scores.masked_fill(~seen[:, None], float("-inf")), dim=-1)  # [B, H, n, S]
+        o = torch.einsum("bhns,bhsv->bhnv", w.to(v.dtype), v)  # [B, H, n, Dv]
+        return self.output(o.to(x.dtype), gate), w
 
     # the three pieces around the attention (also the seam context parallelism builds on)
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -32,11 +32,9 @@ def _check_gate_args(h: torch.Tensor, A: torch.Tensor) -> None:
     if A.dim() > 2:
         raise ValueError(f"A: expected shape [H, K] or [H, 1] (at most 2 dims), got {tuple(A.shape)}")
     trailing = tuple(h.shape[-2:])
-    try:
-        ok = torch.broadcast_shapes(tuple(A.shape), trailing) == trailing
-    except RuntimeError:
-        ok = False
-    if not ok:
+    # broadcastable to [H, K] without growing it (plain ints: torch.broadcast_shapes costs a decode
+    # step's worth of symbolic-shape checks per call)
+    if not all(a in (1, t) for a, t in zip(reversed(A.shape), reversed(trailing), strict=False)):
         raise ValueError(
             f"A: expected a shape broadcastable to h's trailing [H, K] = {list(trailing)}, "
             f"got {tuple(A.shape)}"

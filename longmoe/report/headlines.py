@@ -415,6 +415,22 @@ def _checks(key: str) -> Callable[[dict], list[Headline]]:
     return f
 
 
+def _mqar_long(d: dict) -> list[Headline]:
+    """The hybrids' recall at the longest length with the queries anywhere in the row (the issue's target)."""
+    top, train_len = max(d["settings"]["lengths"]), d["training"]["train_len"]
+    out = []
+    for s in d["summary"]:
+        if (s["placement"], s["length"]) == ("uniform", top) and s["variant"] in ("LLLM", "LM"):
+            se = s["se"] if s["se"] is not None else s["pooled_se"]
+            out.append(Headline(
+                f"MQAR recall at {top:,} tokens, queries uniform, {s['variant']} trained at {train_len}",
+                f"{s['mean']:.3f} ± {se:.3f}", f"chance {d['chance']:.3f}; target {d['settings']['target']}",
+                f"± one standard error over seeds {s['seeds']}",
+                model=f"{s['variant']}, d_model {d['settings']['d_model']}, trained from scratch on MQAR",
+            ))  # fmt: skip
+    return out
+
+
 def _f1_ci(c: dict) -> str:
     if "micro_f1_lo" in c:
         return f"{c['micro_f1']:.3f} [{c['micro_f1_lo']:.3f}, {c['micro_f1_hi']:.3f}]"
@@ -479,6 +495,7 @@ HEADLINES: dict[str, Callable[[dict], list[Headline]]] = {
     "load": _load,
     "ablations": _checks("design ablations"),
     "mqar": _checks("associative recall sweep"),
+    "mqar_long": _mqar_long,
     "vision_extract": _vision_extract,
     "vision_extract_seed1": _vision_extract,
     "vision_extract_documents": _vision_extract,

@@ -14,6 +14,13 @@ accuracy are measured on answers only. Keys come from ``[1, vocab_size // 2)``, 
 most once, so a queried value occurs nowhere before its query except right after its key in the pair
 region: recalling it needs that pair.
 
+Long rows (``placed``) put the same task into a row of any length two ways: ``"uniform"`` draws the
+query slots uniformly over the whole row after the pairs (``alpha = 1``: a query sits anywhere, on
+average half the row from its pair), ``"near"`` ends a row of filler with one row of the training
+layout (pairs, then queries at power-law slots), so the queries sit near their pairs after a long
+stretch of filler. A causal model reading ``"near"`` rows sees the whole filler; with the pairs first
+and the filler after the queries, a longer row would read exactly like the short one.
+
 Everything is a pure function of the arguments (a ``torch.Generator`` seeded with ``seed``).
 """
 
@@ -28,6 +35,8 @@ from longmoe.tasks.base import TaskError
 
 FILLER = 0  # the token of unused query slots
 DEFAULT_ALPHA = 0.1  # power-law exponent of the query slots (Zoology's default is 0.01)
+PLACEMENTS = ("near", "uniform")  # long rows: queries near their pairs at the row's end, or anywhere
+UNIFORM = 1.0  # alpha of uniformly drawn query slots
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,32 @@ def mqar(
     labels = torch.full((n, seq_len), IGNORE_INDEX, dtype=torch.long)
     labels.scatter_(1, pos, qv)
     return MQARBatch(ids, labels, pos - 2 * asked)
+
+
+def placed(
+    seed: int,
+    n: int,
+    vocab_size: int,
+    seq_len: int,
+    n_pairs: int,
+    placement: str,
+    block_len: int,
+    alpha: float = DEFAULT_ALPHA,
+) -> MQARBatch:
+    """``n`` rows of ``seq_len`` tokens with the queries placed by ``placement`` (module docstring):
+    ``"uniform"`` is ``mqar(..., alpha=1)``; ``"near"`` is ``seq_len - block_len`` filler tokens, then
+    ``mqar(seed, n, vocab_size, block_len, n_pairs, alpha)`` (``distance`` unchanged by the shift)."""
+    if placement not in PLACEMENTS:
+        raise TaskError(f"placement={placement!r} is invalid: expected one of {PLACEMENTS}")
+    if placement == "uniform":
+        return mqar(seed, n, vocab_size, seq_len, n_pairs, UNIFORM)
+    if not isinstance(block_len, int) or not 0 < block_len <= seq_len:
+        raise TaskError(f"block_len={block_len!r} is invalid: expected an integer in [1, seq_len={seq_len}]")
+    b = mqar(seed, n, vocab_size, block_len, n_pairs, alpha)
+    pad = seq_len - block_len
+    ids = torch.cat([torch.full((n, pad), FILLER, dtype=torch.long), b.input_ids], dim=1)
+    labels = torch.cat([torch.full((n, pad), IGNORE_INDEX, dtype=torch.long), b.labels], dim=1)
+    return MQARBatch(ids, labels, b.distance)
 
 
 def answer_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, int]:

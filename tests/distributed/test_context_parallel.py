@@ -49,12 +49,14 @@ def _layouts(world: int) -> list[list[int] | None]:
 
 
 def _build(kind: str) -> torch.nn.Module:
-    """``"L"`` KDA, ``"M"`` MLA, ``"M+shared"`` MLA with a shared key part (``mla_shared_key_dim``)."""
+    """``"L"`` KDA, ``"M"`` MLA, ``"M+shared"`` MLA with a shared key part (``mla_shared_key_dim``),
+    ``"M+logn"`` MLA with log-length scaling (``mla_logn_scale``)."""
     torch.manual_seed(0)
     if kind == "L":
         m = KDALayer(_cfg())
     else:
-        m = MLALayer(_cfg(layer_pattern="M", mla_shared_key_dim=4 if kind == "M+shared" else 0))
+        m = MLALayer(_cfg(layer_pattern="M", mla_shared_key_dim=4 if kind == "M+shared" else 0,
+                          mla_logn_scale=0.5 if kind == "M+logn" else 0.0))  # fmt: skip
     m.init_weights(0.3, 0.3)
     if kind == "L":
         with torch.no_grad():
@@ -132,6 +134,11 @@ def test_mla_context_parallel_equals_one_process():
 def test_mla_shared_key_context_parallel_equals_one_process():
     """The gathered cache rows carry the shared key part too: [c | k_r] per token, same results."""
     run_ranks(_layer_matches_one_process, "M+shared")
+
+
+def test_mla_logn_scaling_context_parallel_equals_one_process():
+    """Each rank scales its queries by their global positions (inside their document when packed)."""
+    run_ranks(_layer_matches_one_process, "M+logn")
 
 
 def _model_matches_one_process(rank: int, world: int) -> None:

@@ -217,6 +217,14 @@ def test_layer_schedule_from_linear_attn_config():
         hf_layer_types({**base, "linear_attn_config": {"kda_layers": [1, 2, 4, 5], "full_attn_layers": [3]}})
 
 
+def test_export_refuses_log_length_scaling():
+    """Kimi-Linear's MLA scales no logits by length: a model trained with it cannot be exported as one."""
+    cfg = config_from_hf(json.loads(hf_config().to_json_string()))
+    config_to_hf(cfg)  # exportable as imported
+    with pytest.raises(ConversionError, match="mla_logn_scale"):
+        config_to_hf(cfg.replace(mla_logn_scale=0.25))
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [

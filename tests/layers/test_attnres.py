@@ -31,6 +31,22 @@ def test_mixture_matches_formula():
     assert not torch.allclose(out, other)  # each sublayer has its own query
 
 
+def test_inference_mixture_equals_the_autograd_one():
+    """Without autograd the sources are mixed stacked (fewer kernels); the result is the per-source
+    mixture's, for 2 to 6 sources."""
+    ar = BlockAttnRes(3, 8)
+    with torch.no_grad():
+        ar.queries.normal_()
+    for n in range(2, 7):
+        vals = [torch.randn(2, 4, 8) * (i + 1) for i in range(n)]
+        keys = [ar.keys(v) for v in vals]
+        with torch.no_grad():
+            fast = ar(1, vals, keys)
+        slow = ar(1, vals, keys)
+        assert slow.requires_grad  # the per-source path ran
+        torch.testing.assert_close(fast, slow.detach(), atol=1e-6, rtol=1e-6)
+
+
 def test_single_source_passes_through():
     """The first sublayer sees only the embedding: its input is the embedding itself."""
     ar = BlockAttnRes(1, 4)

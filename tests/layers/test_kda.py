@@ -85,6 +85,18 @@ def test_conv_is_causal_and_tail_is_last_inputs():
     assert (y - ref).abs().max() < 1e-6
 
 
+def test_conv_of_one_token_equals_the_tap_by_tap_sum():
+    """A decode step's conv (one token after a tail: one product and one sum over the taps) equals the
+    tap-by-tap form the longer calls take, fed the same inputs one token at a time."""
+    x = torch.randn(2, 7, 6)
+    w = torch.randn(6, 4)
+    y_all, _ = _causal_conv(x, w, None, None)
+    tail = None
+    for t in range(7):
+        y, tail = _causal_conv(x[:, t : t + 1], w, tail, None)
+        torch.testing.assert_close(y, y_all[:, t : t + 1], atol=1e-6, rtol=1e-6)
+
+
 def test_gate_init_is_bounded_and_slow():
     """At init every log-decay lies in the documented range [-0.1, -0.001] (inside (g_min, 0))."""
     c = cfg()

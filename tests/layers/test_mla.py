@@ -123,9 +123,11 @@ def test_rows_of_different_lengths_per_row_or_masked(path, T, masked_max, monkey
         assert (out[b] - full[b, n : n + T]).abs().max() < TOL
 
 
-def test_packed_documents_do_not_attend_across():
-    """The block-diagonal mask: each packed document equals the document alone."""
-    m = layer(3)
+@pytest.mark.parametrize("kind", ["plain", "shared key", "log-length scaled"])
+def test_packed_documents_do_not_attend_across(kind):
+    """The block-diagonal mask: each packed document equals the document alone (with a shared key part;
+    with log-length scaling, whose n counts the keys inside the query's own document)."""
+    m = {"plain": layer, "shared key": shared_layer, "log-length scaled": logn_layer}[kind](3)
     x = torch.randn(1, 20, 32)
     cu = torch.tensor([0, 6, 7, 20])
     with torch.no_grad():
@@ -161,7 +163,8 @@ def shared_layer(seed: int = 0, **kw) -> MLALayer:
 
 def reference_shared_key(m: MLALayer, x: torch.Tensor) -> torch.Tensor:
     """The math written out from the weights: kv down = [latent | k_r], only the latent normalised;
-    per head score = q_h·k_h(latent) + q_r,h·k_r (k_r the same for every head), scale (Dq + d_r)^-1/2."""
+    per head score = q_h·k_h(latent) + q_r,h·k_r (k_r the same for every head), scale (Dq + d_r)^-1/2;
+    with log-length scaling, query t's scores times s·ln(t + 1) (it sees t + 1 keys)."""
     B, T, _ = x.shape
     H, Dq, Dv, dc, dr = m.H, m.Dq, m.Dv, m.d_c, m.d_r
     q_down, kv_down, gate = (x @ m.in_proj.weight.t()).split(m.splits, dim=-1)
@@ -176,6 +179,8 @@ def reference_shared_key(m: MLALayer, x: torch.Tensor) -> torch.Tensor:
         "bthr,bsr->bhts", q[..., Dq:], k_r
     )
     scores = scores * (Dq + dr) ** -0.5
+    if m.logn_scale:
+        scores = scores * (m.logn_scale * torch.log(torch.arange(1, T + 1, dtype=x.dtype)))[:, None]
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     p = scores.masked_fill(~causal, float("-inf")).softmax(-1)
     o = torch.einsum("bhts,bshv->bthv", p, v)
@@ -224,35 +229,29 @@ def test_shared_key_cached_paths_equal_full_forward(split, path):
     assert st.nbytes(torch.tensor([23, 23])) == 2 * 23 * (8 + D_R) * 4
 
 
-def test_shared_key_static_shapes_and_padded_rows():
-    """The compiled-step layout (whole buffer + per-row mask) and rows of different lengths, both paths."""
-    m = shared_layer(8)
+@pytest.mark.parametrize("kind", ["shared key", "log-length scaled"])
+def test_static_shapes_and_padded_rows(kind):
+    """The compiled-step layout (whole buffer + per-row mask) and rows of different cached lengths, both
+    paths, a shared key part; with log-length scaling each row's queries are scaled by their own
+    positions (from the seq_lens tensor)."""
+    m = {"shared key": shared_layer, "log-length scaled": logn_layer}[kind](8)
     x = torch.randn(2, 15, 32)
     with torch.no_grad():
         full = m(x)
-        for path in ("naive", "absorbed"):
-            m.decode_path, m.static_shapes = path, True
-            lens = torch.tensor([9, 4])
-            st = MLAState(torch.zeros(2, 64, 8 + D_R))
-            for b, n in enumerate(lens.tolist()):
-                sb = m.new_state(1, x.device, x.dtype)
-                sb.reserve(64)
-                m(x[b : b + 1, :n], sb, torch.zeros(1, dtype=torch.long))
-                st.buf[b, :n] = sb.buf[0, :n]
-            out = m(torch.stack([x[0, 9:11], x[1, 4:6]]), st, lens)
-            assert (out[0] - full[0, 9:11]).abs().max() < TOL, path
-            assert (out[1] - full[1, 4:6]).abs().max() < TOL, path
+        for static in (False, True):
+            for path in ("naive", "absorbed"):
+                m.decode_path, m.static_shapes = path, static
+                lens = torch.tensor([9, 4])
+                st = MLAState(torch.zeros(2, 64 if static else 9, 8 + D_R))
+                for b, n in enumerate(lens.tolist()):
+                    sb = m.new_state(1, x.device, x.dtype)
+                    sb.reserve(64)
+                    m(x[b : b + 1, :n], sb, torch.zeros(1, dtype=torch.long))
+                    st.buf[b, :n] = sb.buf[0, :n]
+                out = m(torch.stack([x[0, 9:11], x[1, 4:6]]), st, lens)
+                assert (out[0] - full[0, 9:11]).abs().max() < TOL, (static, path)
+                assert (out[1] - full[1, 4:6]).abs().max() < TOL, (static, path)
         m.static_shapes = False
-
-
-def test_shared_key_packed_documents_do_not_attend_across():
-    m = shared_layer(9)
-    x = torch.randn(1, 20, 32)
-    cu = torch.tensor([0, 6, 7, 20])
-    with torch.no_grad():
-        packed = m(x, packing=Packing(cu))
-        alone = torch.cat([m(x[:, a:b]) for a, b in ((0, 6), (6, 7), (7, 20))], 1)
-    assert (packed - alone).abs().max() < TOL
 
 
 def test_default_has_no_shared_key_part():
@@ -286,3 +285,70 @@ def test_absorbed_head_folding_equals_per_head_attention(monkeypatch, split, sta
                 lens = lens + got[-1].shape[1]
         outs[fold] = torch.cat(got, 1)
     assert (outs[0] - outs[10**9]).abs().max() < TOL
+
+
+# ---------------------------------------------------------------- log-length scaling (mla_logn_scale)
+LOGN = 0.7  # s: query t's logits times s·ln(t + 1)
+
+
+def logn_layer(seed: int = 0, **kw) -> MLALayer:
+    return shared_layer(seed, mla_logn_scale=LOGN, **kw)
+
+
+def test_logn_scaling_matches_the_written_out_math_and_is_live():
+    """Full forward with the scaling equals the reference (query t's logits times s·ln(t + 1)), and
+    differs from the same weights without it; off (0.0, the default) leaves the query untouched."""
+    m = logn_layer(11)
+    x = torch.randn(2, 13, 32)
+    plain = shared_layer(11)
+    with torch.no_grad():
+        assert (m(x) - reference_shared_key(m, x)).abs().max() < TOL
+        assert (m(x) - plain(x)).abs().max() > 1e-3
+    q = torch.randn(1, 3, 5, 4)
+    assert plain.logn_scale == 0.0 and plain.length_scaled(q, torch.arange(5)) is q
+
+
+@pytest.mark.parametrize("split", [1, 4, 11])
+@pytest.mark.parametrize("path", ["naive", "absorbed", "auto"])
+def test_logn_scaling_cached_paths_equal_full_forward(split, path):
+    """Prefill in chunks and decode through the cache, naive and absorbed, scale each query by its own
+    position (cached length + offset): the same outputs as the uncached forward."""
+    m = logn_layer(12)
+    x = torch.randn(2, 23, 32)
+    with torch.no_grad():
+        out, _ = run_cached(m, x, split, path)
+        assert (out - m(x)).abs().max() < TOL
+
+
+def test_logn_scaling_split_long_prefix_path_equals_full_forward(monkeypatch):
+    """The absorbed path's split of a long cached prefix over threads (``ops/attention/latent.py``, cut
+    into pieces from ``MIN_SPLIT_ROWS`` rows; here from 3) takes the scaled query: decode == forward."""
+    from longmoe.ops.attention import latent
+
+    monkeypatch.setattr(latent, "MIN_SPLIT_ROWS", 3)
+    assert latent.split_count(20, 6) > 1, "the decode steps below run the split path"
+    m = logn_layer(13)
+    x = torch.randn(1, 29, 32)
+    with torch.no_grad():
+        out, _ = run_cached(m, x, 1, "absorbed")
+        assert (out - m(x)).abs().max() < TOL
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_attend_at_equals_forward_at_those_positions(scaled):
+    """``attend_at`` (a few queries against every cache row) gives the forward's output at those positions;
+    its weights are a distribution over the rows up to each position and 0 after it."""
+    m = logn_layer(16) if scaled else shared_layer(16)
+    x = torch.randn(2, 17, 32)
+    pos = torch.tensor([[0, 5, 16], [3, 3, 9]])
+    with torch.no_grad():
+        full = m(x)
+        _, rows, _ = m.project(x)
+        got, w = m.attend_at(x.gather(1, pos[..., None].expand(-1, -1, 32)), rows, pos)
+    for b in range(2):
+        assert (got[b] - full[b, pos[b]]).abs().max() < TOL
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, m.H, 3))
+    after = torch.arange(17)[None, None, :] > pos[:, :, None]  # [B, n, S]
+    assert w.masked_select(after[:, None].expand_as(w)).abs().max() == 0
+    with pytest.raises(ValueError, match="positions"):
+        m.attend_at(x[:, :3], rows[:, :10], pos)

@@ -62,6 +62,34 @@ def test_one_dominant_row_in_any_piece():
             assert (got - 50.0).abs().max() < 1e-3
 
 
+def test_a_million_cached_rows_against_float64():
+    """A decode step over 2^20 cached rows, logits of a few units (a softmax spread over thousands of
+    rows, so every fp32 sum is long): within 5e-5 of the float64 oracle. The pieces keep each sum short:
+    the fp32 masked call itself, one sum over every row, is off by 5e-4 here."""
+    P = 1 << 20
+    q, rows = q_rows(1, 2, P, 1, 16, seed=4, logit_scale=3.0)
+    with torch.no_grad():
+        got = latent_attention(q, rows, P)
+        exact = latent_attention_reference(q.double(), rows.double(), P)
+    assert (got.double() - exact).abs().max() < 5e-5
+
+
+def test_a_later_new_row_never_reaches_an_earlier_query():
+    """Drafted tokens after a long prefix: a new row with logits in the hundreds for every query is seen
+    by the queries at and after it only, and the queries before it equal the call without it."""
+    P, T, C = 5000, 4, 16
+    q, rows = q_rows(1, 2, P, T, C, seed=3)
+    q = q.abs()
+    rows[0, P + 2] = 100.0  # q·row ≥ 100·Σ|q| for every query
+    with torch.no_grad():
+        got = latent_attention(q, rows, P)
+        before = latent_attention(q[:, :, :2], rows[:, : P + 2], P)
+        ref = latent_attention_reference(q.double(), rows.double(), P)
+    torch.testing.assert_close(got[:, :, :2], before, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
+    assert (got[:, :, 2:] - 100.0).abs().max() < 1e-3
+
+
 def test_bf16_matches_fp32_to_bf16_rounding():
     """bf16 inputs: within bf16 rounding of the fp32 result (the merge itself runs in fp32)."""
     q, rows = q_rows(1, 4, 9000, 33, 32, seed=2)

@@ -101,7 +101,8 @@ def test_best_lr_is_kept_and_checks_read_the_numbers():
         _run("L", 4, 1.0), _run("L", 32, 0.3), _run("LM", 4, 1.0), _run("LM", 32, 0.995, long_acc=0.5),
     ]  # fmt: skip
     best = mqar_run.best_runs(runs, 128)
-    assert len(best) == 8 and [r.cell.lr for r in best if r.cell.setting == ("M", 64, 4, "none")] == [3e-3]
+    m4 = ("M", 64, 4, "none", 0.0)
+    assert len(best) == 8 and [r.cell.lr for r in best if r.cell.setting == m4] == [3e-3]
     verdicts = {c.claim.split(" (")[0].split(" reaches")[0]: c.verdict for c in expected_checks(rc, best)}
     assert verdicts["pure MLA"] == "not confirmed"
     assert verdicts["pure KDA"] == "confirmed"

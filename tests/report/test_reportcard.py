@@ -147,6 +147,27 @@ def test_rollout_headline_keeps_the_episode_counts_where_sessions_lose():
     assert "32: 0.89×" in h.value and "slower at 32 episodes" in h.baseline
 
 
+def test_mqar_long_headline_is_each_hybrid_at_the_longest_length_with_queries_anywhere():
+    from longmoe.report.headlines import _mqar_long
+
+    def row(v: str, p: str, n: int, mean: float, se: float | None) -> dict:
+        return {"variant": v, "placement": p, "length": n, "seeds": [0, 1, 2], "mean": mean, "se": se,
+                "pooled_se": 0.01}  # fmt: skip
+
+    summary = [
+        row("LLLM", "uniform", 65536, 0.5, 0.1), row("LLLM", "near", 65536, 0.99, 0.0),
+        row("LM", "uniform", 4096, 0.9, 0.01), row("L", "uniform", 65536, 0.2, 0.05),
+        row("LM", "uniform", 65536, 0.3, None),
+    ]  # fmt: skip
+    d = {"settings": {"lengths": [4096, 65536], "target": 0.9, "d_model": 64}, "training": {"train_len": 64},
+         "chance": 0.125, "summary": summary}  # fmt: skip
+    hs = _mqar_long(d)
+    assert [h.value for h in hs] == ["0.500 ± 0.100", "0.300 ± 0.010"], "uniform, longest, hybrids only"
+    assert (
+        "65,536 tokens" in hs[0].label and "target 0.9" in hs[0].baseline and "chance 0.125" in hs[0].baseline
+    )
+
+
 def test_kda_headline_reads_against_the_peers_faster_setting():
     from longmoe.report.headlines import _kda
 

@@ -8,7 +8,16 @@ import torch
 
 from longmoe.config import IGNORE_INDEX
 from longmoe.tasks.base import TaskError
-from longmoe.tasks.mqar import FILLER, answer_accuracy, key_range, mqar, query_slots, slot_weights
+from longmoe.tasks.mqar import (
+    FILLER,
+    answer_accuracy,
+    key_range,
+    max_distance,
+    mqar,
+    placed,
+    query_slots,
+    slot_weights,
+)
 
 
 def test_layout_and_labels_only_on_answers():
@@ -103,3 +112,30 @@ def test_answer_accuracy_counts_answers_only():
     logits[0, 1, 3] = 1.0  # right
     logits[0, 3, 2] = 1.0  # wrong
     assert answer_accuracy(logits, labels) == (1, 2)
+
+
+def test_near_placement_is_a_training_row_after_filler():
+    """ "near": filler, then a row of the training layout at the end; answers and distances are the
+    short row's, shifted."""
+    short = mqar(seed=7, n=8, vocab_size=64, seq_len=64, n_pairs=8)
+    b = placed(seed=7, n=8, vocab_size=64, seq_len=1000, n_pairs=8, placement="near", block_len=64)
+    assert b.input_ids.shape == (8, 1000) and (b.input_ids[:, :936] == FILLER).all()
+    assert torch.equal(b.input_ids[:, 936:], short.input_ids) and torch.equal(b.labels[:, 936:], short.labels)
+    assert (b.labels[:, :936] == IGNORE_INDEX).all() and torch.equal(b.distance, short.distance)
+    assert int(b.distance.max()) <= max_distance(64, 8)
+
+
+def test_uniform_placement_spreads_queries_over_the_whole_row():
+    """ "uniform": pairs first, query slots drawn uniformly: about half the queries lie in the second
+    half of the row, and the mean distance is about half the row (the power law keeps them near)."""
+    T, P = 2048, 8
+    b = placed(seed=8, n=200, vocab_size=64, seq_len=T, n_pairs=P, placement="uniform", block_len=64)
+    pos = (b.labels != IGNORE_INDEX).nonzero()[:, 1]
+    assert pos.numel() == 200 * P and 0.45 < float((pos >= T // 2).double().mean()) < 0.55
+    assert 0.4 * T < float(b.distance.double().mean()) < 0.6 * T
+    near = mqar(seed=8, n=200, vocab_size=64, seq_len=T, n_pairs=P)
+    assert float(near.distance.double().mean()) < 0.25 * T, "the training law keeps queries close"
+    with pytest.raises(TaskError, match="placement"):
+        placed(seed=0, n=1, vocab_size=64, seq_len=T, n_pairs=P, placement="far", block_len=64)
+    with pytest.raises(TaskError, match="block_len"):
+        placed(seed=0, n=1, vocab_size=64, seq_len=32, n_pairs=P, placement="near", block_len=64)

@@ -38,15 +38,18 @@ def png_data_uri(image: Any) -> str:
 
 
 def pdf_bytes(image: Any) -> bytes:
-    """A PIL page image as a one-page PDF (what a scanner writes: an image, no text layer)."""
-    buf = io.BytesIO()
-    image.convert("RGB").save(buf, format="PDF")
-    return buf.getvalue()
+    """A PIL page image as a one-page PDF, as a scanner writes it (an image, no text layer), one point
+    per pixel and lossless (``serve/files/make_pdf.image_pdf``), so the round trip measures the
+    server's PDF path, not a JPEG codec."""
+    from longmoe.serve.files.make_pdf import image_pdf
+
+    return image_pdf(image)
 
 
 def pdf_page_image(image: Any) -> Any:
     """The page as a PDF, rendered back by the server's own path (``serve/files/documents.parse``,
-    ``pages_as="images"``: pypdfium2): the image a model gets for a real PDF page."""
+    ``pages_as="images"``: pypdfium2, the server's default limits): the image a model gets for a
+    real PDF page (``image``'s own pixels up to ``DocumentLimits.render_side`` a side)."""
     from PIL import Image
 
     from longmoe.serve.files.documents import parse

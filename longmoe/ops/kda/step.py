@@ -38,8 +38,11 @@ def kda_step(
     scale = resolve_scale(scale, K)
     out_dtype, cdt = v.dtype, compute_dtype(v.dtype)
     q, k, v, g, beta = (x.to(cdt) for x in (q, k, v, g, beta))
+    # products as matmuls of [.., 1, K] rows and an outer product as addcmul: the same arithmetic as
+    # the einsums they replace, without einsum's Python parsing (a decode step makes these per layer)
     S = state.to(cdt) * g.exp().unsqueeze(-1)  # [B, H, K, V]   S' = Diag(e^g) S
-    pred = torch.einsum("bhk,bhkv->bhv", k, S)  # [B, H, V]      S'ᵀ k
-    S = S + torch.einsum("bhk,bhv->bhkv", k, beta.unsqueeze(-1) * (v - pred))
-    o = scale * torch.einsum("bhk,bhkv->bhv", q, S)  # [B, H, V]
+    pred = (k.unsqueeze(-2) @ S).squeeze(-2)  # [B, H, V]      S'ᵀ k
+    u = beta.unsqueeze(-1) * (v - pred)  # [B, H, V]
+    S = torch.addcmul(S, k.unsqueeze(-1), u.unsqueeze(-2))  # S' + β k (v − S'ᵀk)ᵀ
+    o = scale * (q.unsqueeze(-2) @ S).squeeze(-2)  # [B, H, V]
     return o.to(out_dtype), S

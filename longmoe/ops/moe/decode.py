@@ -8,8 +8,11 @@ again. Here the pairs are grouped by expert on the host (``N·k`` small numbers)
 runs two matmuls straight on its ``w_in[e]`` / ``w_out[e]`` views: the weights are read once, and an
 idle expert is never touched.
 
-``decode_experts`` is a ``torch.library`` custom op (forward only, no autograd): a compiled decode step
-calls it as one opaque node, so the data-dependent loop neither breaks the graph nor recompiles.
+``decode_experts`` is a ``torch.library`` custom op (forward only, no autograd) while dynamo traces: a
+compiled decode step calls it as one opaque node, so the data-dependent loop neither breaks the graph
+nor recompiles. Eager calls run the loop directly: the custom op's dispatch (its Python wrappers and
+dynamo's disable guard) cost more host time per call than the loop's two small matmuls at the tiny
+preset, and an eager decode step makes one call per MoE layer.
 ``by_expert`` is the loop itself, shared with the packed int8/int4 experts (``ops/quant.py``).
 Tested against ``naive.py``.
 """
@@ -59,7 +62,6 @@ def by_expert(
     return out
 
 
-@torch.library.custom_op("longmoe::decode_experts", mutates_args=())
 def decode_experts(
     z: torch.Tensor,
     idx: torch.Tensor,
@@ -71,11 +73,27 @@ def decode_experts(
     """``out[n] = Σ_j weights[n, j] · GLU_{idx[n, j]}(z[n])`` on the chosen experts' weight views.
 
     z [N, ℓ]; idx, weights [N, k]; w_in [E, ℓ, 2f] (gate|up); w_out [E, f, ℓ] -> out [N, ℓ] in z.dtype.
-    Forward only; meant for ``N·k ≤ MAX_PAIRS``.
+    Forward only; meant for ``N·k ≤ MAX_PAIRS``. The custom op under dynamo, the loop itself in eager.
     """
+    if torch.compiler.is_compiling():
+        return _decode_experts_op(z, idx, weights, w_in, w_out, glu)
+    return _decode_experts(z, idx, weights, w_in, w_out, glu)
+
+
+def _decode_experts(
+    z: torch.Tensor,
+    idx: torch.Tensor,
+    weights: torch.Tensor,
+    w_in: torch.Tensor,
+    w_out: torch.Tensor,
+    glu: str,
+) -> torch.Tensor:
     return by_expert(z, idx, weights, lambda e, x: glu_act(x @ w_in[e], glu) @ w_out[e])
 
 
-@decode_experts.register_fake
+_decode_experts_op = torch.library.custom_op("longmoe::decode_experts", mutates_args=())(_decode_experts)
+
+
+@_decode_experts_op.register_fake
 def _decode_experts_shape(z, idx, weights, w_in, w_out, glu):  # noqa: ANN001, ANN202 (the op's schema)
     return torch.empty_like(z)

@@ -8,6 +8,10 @@ lr with the best mean validation accuracy over seeds, tests it on separate test 
 training length (``run``; row seed ranges: ``seeds``), checks the issue's expectations (``checks``)
 and writes ``OUT/report.md``, ``OUT/results.json`` and plots (``report``). Each finished run is stored
 as ``OUT/runs/<cell>.json`` and a rerun skips it. See docs/evidence.md for the measured sweep.
+
+``--long``: the long-row stage (``long_config``, ``long_run``, ``long_eval``, ``long_report``): models
+trained as sweep cells, tested on rows of 4K-64K+ tokens with the queries near their pairs or anywhere
+in the row, read at the answer positions only; results in docs/benchmarks.md.
 """
 
 from longmoe.pipelines.mqar.config import CONFIG_FILE, Cell, SweepConfig

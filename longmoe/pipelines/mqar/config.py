@@ -35,21 +35,25 @@ class Cell:
     position: str = "none"
     lr: float = 3e-3
     seed: int = 0
+    logn_scale: float = 0.0  # ModelConfig.mla_logn_scale: log-length attention scaling (0.0: off)
 
     @property
     def key(self) -> str:
-        """The run's file name stem (``runs/<key>.json``)."""
-        return f"{self.pattern}-d{self.d_model}-p{self.n_pairs}-{self.position}-lr{self.lr:g}-s{self.seed}"
+        """The run's file name stem (``runs/<key>.json``); ``-logn<s>`` only with the scaling on."""
+        logn = f"-logn{self.logn_scale:g}" if self.logn_scale else ""
+        return (
+            f"{self.pattern}-d{self.d_model}-p{self.n_pairs}-{self.position}{logn}-lr{self.lr:g}-s{self.seed}"
+        )
 
     @property
-    def group(self) -> tuple[str, int, int, str, int]:
+    def group(self) -> tuple[str, int, int, str, float, int]:
         """The cell without its learning rate: one seed's runs at every lr."""
-        return (self.pattern, self.d_model, self.n_pairs, self.position, self.seed)
+        return (self.pattern, self.d_model, self.n_pairs, self.position, self.logn_scale, self.seed)
 
     @property
-    def setting(self) -> tuple[str, int, int, str]:
+    def setting(self) -> tuple[str, int, int, str, float]:
         """The cell without lr and seed: its lr is chosen on the mean validation accuracy over seeds."""
-        return (self.pattern, self.d_model, self.n_pairs, self.position)
+        return (self.pattern, self.d_model, self.n_pairs, self.position, self.logn_scale)
 
 
 @dataclass

@@ -36,16 +36,24 @@ def n_layers_for(pattern: str) -> int:
 
 
 def model_config(
-    pattern: str, d_model: int, vocab_size: int, max_seq_len: int, attn_res: bool, init_std: float = 0.02
+    pattern: str,
+    d_model: int,
+    vocab_size: int,
+    max_seq_len: int,
+    attn_res: bool,
+    init_std: float = 0.02,
+    logn_scale: float = 0.0,
 ) -> ModelConfig:
-    """A small dense-FFN ``LongMoE`` config for the MQAR sweep (see the module docstring)."""
+    """A small dense-FFN ``LongMoE`` config for the MQAR sweep (see the module docstring);
+    ``logn_scale``: the MLA layers' log-length scaling (``ModelConfig.mla_logn_scale``, 0.0 = off)."""
     head = d_model // N_HEADS
     n = n_layers_for(pattern)
     return ModelConfig(
         vocab_size=vocab_size, d_model=d_model, n_layers=n, layer_pattern=pattern, max_seq_len=max_seq_len,
         kda_heads=N_HEADS, kda_head_dim=head, kda_gate_rank=GATE_RANK,
         mla_heads=N_HEADS, mla_q_lora_rank=0, mla_kv_lora_rank=d_model, mla_head_dim=head,
-        mla_v_head_dim=head, attn_res=attn_res, attn_res_blocks=n, init_std=init_std,
+        mla_v_head_dim=head, mla_logn_scale=logn_scale, attn_res=attn_res, attn_res_blocks=n,
+        init_std=init_std,
         ffn=FFNConfig(kind="dense", dense_hidden=2 * d_model),
     )  # fmt: skip
 

@@ -70,10 +70,19 @@ def train_cell(cell: Cell, rc: SweepConfig, log: bool = False, run_dir: Path | N
     """Train ``cell`` (early stop at ``rc.target_accuracy`` on the validation rows), then measure every
     eval length on the test rows (and the training length on the validation rows, for the lr choice).
     ``run_dir``: checkpoint there every ``rc.checkpoint_every`` steps and resume from it (``_run``)."""
+    return fit_cell(cell, rc, log, run_dir)[0]
+
+
+def fit_cell(
+    cell: Cell, rc: SweepConfig, log: bool = False, run_dir: Path | None = None
+) -> tuple[RunResult, nn.Module]:
+    """``train_cell``, also returning what trained: the model, or ``ModuleDict(model=, conv=)`` with a
+    position control (``model.build``), for evaluations beyond the sweep's lengths (``long``)."""
     torch.set_num_threads(rc.threads)
     cfg = model_config(
-        cell.pattern, cell.d_model, rc.vocab_size, max(rc.eval_lengths), rc.attn_res, rc.init_std
-    )
+        cell.pattern, cell.d_model, rc.vocab_size, max(rc.eval_lengths), rc.attn_res, rc.init_std,
+        cell.logn_scale,
+    )  # fmt: skip
     seed_everything(cell.seed)
     model, trained = build(cfg, cell.position)
     opt = build_optimizer(trained, cell.lr, rc.weight_decay, betas=RECIPE_BETAS)
@@ -110,7 +119,7 @@ def train_cell(cell: Cell, rc: SweepConfig, log: bool = False, run_dir: Path | N
     t_train = curve.seconds
     by_len = {n: accuracy(model, rc, cell.n_pairs, n, rows=test_seed) for n in rc.eval_lengths}
     last = curve.points[-1]
-    return RunResult(
+    result = RunResult(
         cell=cell,
         params=sum(p.numel() for p in trained.parameters()),  # tied weights counted once
         kda_state=kda_state_numbers(cfg),
@@ -122,6 +131,7 @@ def train_cell(cell: Cell, rc: SweepConfig, log: bool = False, run_dir: Path | N
         val_accuracy={str(rc.train_len): last[2]},  # the stopped model's validation accuracy
         protocol=PROTOCOL,
     )
+    return result, trained
 
 
 def _run(
@@ -165,7 +175,7 @@ def best_runs(runs: list[RunResult], length: int) -> list[RunResult]:
     """Per cell setting (all but lr and seed), its runs (one per seed) at the lr with the best mean
     *validation* accuracy at ``length`` over the seeds that ran it (ties: fewer mean steps). The test
     rows play no part in the choice."""
-    by_lr: dict[tuple[str, int, int, str], dict[float, list[RunResult]]] = {}
+    by_lr: dict[tuple[str, int, int, str, float], dict[float, list[RunResult]]] = {}
     for r in runs:
         by_lr.setdefault(r.cell.setting, {}).setdefault(r.cell.lr, []).append(r)
 
@@ -211,7 +221,7 @@ def run_sweep(
     if require_sanity and not sanity.solved:
         print(f"sanity cell {rc.sanity.key} not solved ({sanity.accuracy}): the setup is broken; stopping")
         return SweepResult([], [], [], sanity)
-    groups: dict[tuple[str, int, int, str, int], list[Cell]] = {}
+    groups: dict[tuple[str, int, int, str, float, int], list[Cell]] = {}
     for c in rc.cells():
         groups.setdefault(c.group, []).append(c)
     todo = [(cells, rc, out) for cells in groups.values()]

@@ -3,7 +3,8 @@
 Every MQAR batch is a pure function of one generator seed (``tasks.mqar.mqar(seed, ...)``). Training
 steps use ``train_seed(cell_seed, step) < VALIDATION_SEED_BASE`` (fresh rows each step); the
 validation rows (early stopping and the choice of learning rate) use ``VALIDATION_SEED_BASE +
-seq_len``; the test rows (every reported accuracy) use ``TEST_SEED_BASE + seq_len``. The three ranges
+seq_len``; the test rows (every reported accuracy) use ``TEST_SEED_BASE + seq_len`` (the long-row
+stage's, ``long_test_seed``, a band of that range per placement). The three ranges
 are pairwise disjoint, so the reported number is measured on rows no selection step saw
 (``tests/test_seed_ranges.py`` checks it against these functions).
 
@@ -22,6 +23,9 @@ VALIDATION_SEED_BASE = 1 << 31
 MAX_CELL_SEED = VALIDATION_SEED_BASE // STEP_STRIDE - 1  # 2,146: every training seed < VALIDATION_SEED_BASE
 MAX_SEQ_LEN = 1 << 30  # validation seeds stay below TEST_SEED_BASE, test seeds below SEED_LIMIT
 TEST_SEED_BASE = VALIDATION_SEED_BASE + MAX_SEQ_LEN
+# the long-row stage's test rows: one band of the test range per placement, above the sweep's lengths
+MAX_LONG_LEN = MAX_SEQ_LEN // 4
+LONG_PLACEMENTS = ("near", "uniform")  # tasks.mqar.PLACEMENTS, in band order
 
 
 def train_seed(cell_seed: int, step: int) -> int:
@@ -37,6 +41,15 @@ def validation_seed(seq_len: int) -> int:
 def test_seed(seq_len: int) -> int:
     """The test rows of length ``seq_len`` (every reported accuracy)."""
     return TEST_SEED_BASE + seq_len
+
+
+def long_test_seed(seq_len: int, placement: str) -> int:
+    """The long-row stage's test rows of ``seq_len`` tokens and ``placement``: inside ``test_range``,
+    apart from every ``test_seed`` of a length below ``MAX_LONG_LEN`` and from the other placement's."""
+    if not 0 < seq_len <= MAX_LONG_LEN or placement not in LONG_PLACEMENTS:
+        raise ValueError(f"long rows: seq_len={seq_len} must be in [1, {MAX_LONG_LEN}], placement one of "
+                         f"{LONG_PLACEMENTS}, got {placement!r}")  # fmt: skip
+    return TEST_SEED_BASE + (LONG_PLACEMENTS.index(placement) + 1) * MAX_LONG_LEN + seq_len
 
 
 def train_range(cell_seeds: list[int], steps: int) -> range:

@@ -2,8 +2,12 @@
 
 - **PDF**: the text layer of every page through ``pypdf``, each page after a ``--- page N ---``
   marker; a page with (almost) no text layer, or every page when asked (``pages_as="images"``), is
-  rendered through ``pypdfium2`` to a PNG of at most ``render_side`` pixels a side, which a vision
-  model reads as image patches (``serve/images.py``) after the document's text.
+  rendered through ``pypdfium2`` to a PNG at the page's own resolution (its densest image's pixels
+  per point, for a scan; one pixel per point, 72 dpi, at least), shrunk to at most ``render_side``
+  pixels on its longer side, never enlarged, which a vision model reads as image patches
+  (``serve/images.py``) after the document's text. So a page written from a page image comes back
+  as that image's pixels (up to ``render_side``), and the model's own resize rule then treats it as
+  it treats the image.
 - **Text** (plain, Markdown, source code, CSV, JSON): the UTF-8 text as it is, one "page".
 - **Images** (PNG, JPEG, WebP, GIF): one page image.
 
@@ -66,7 +70,7 @@ class DocumentLimits:
     max_decompressed: int = 256 << 20  # bytes any one PDF stream may inflate to
     max_chars: int = 4_000_000  # characters of text per document (about 1M tokens)
     max_rendered_pages: int = 4  # page images per document
-    render_side: int = 1024  # pixels, longest side of a rendered page
+    render_side: int = 1024  # pixels, most on the longer side of a rendered page (never enlarged)
     max_memory: int = 2 << 30  # address space of the parsing child, bytes
 
     def __post_init__(self) -> None:

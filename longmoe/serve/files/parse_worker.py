@@ -5,7 +5,8 @@ most the budget: the parent kills it at the time limit, and the kernel caps its 
 
 stdin: the file's bytes; argv[1]: a JSON object of options (``pages_as``: ``text`` | ``auto`` |
 ``images``; ``max_pages``; ``max_chars``; ``max_decompressed``; ``render``: how many pages may be
-rendered; ``render_side``: the longest side of a rendered page in pixels). stdout: one JSON object,
+rendered; ``render_side``: the most pixels on the longer side of a rendered page: a page renders at
+its own resolution (``render``), shrunk to fit, never enlarged). stdout: one JSON object,
 ``{"pages": [text per page], "images": {page index: base64 PNG}, "encrypted": bool}`` or
 ``{"error": "one line"}``.
 """
@@ -18,6 +19,9 @@ import json
 import sys
 
 MIN_TEXT_CHARS = 8  # fewer visible characters than this: the page has no usable text layer
+# a PDF point is 1/72 inch; a page image written at its pixel size (Pillow's and image_pdf's default,
+# 72 dpi) has one pixel per point, so a page renders at no less than this and its pixels come back
+MIN_PIXELS_PER_POINT = 1.0
 
 
 def fail(msg: str) -> None:
@@ -25,7 +29,25 @@ def fail(msg: str) -> None:
     sys.exit(0)
 
 
+def pixels_per_point(page, pdfium) -> float:  # noqa: ANN001 - a pypdfium2 page and the module
+    """The page's own resolution: the densest image drawn on it (its pixels over the points it covers,
+    so a 300-dpi scan gives 300/72), never below ``MIN_PIXELS_PER_POINT`` (a page without images)."""
+    best = MIN_PIXELS_PER_POINT
+    try:
+        for obj in page.get_objects(filter=(pdfium.raw.FPDF_PAGEOBJ_IMAGE,), max_depth=2):
+            left, bottom, right, top = obj.get_bounds()
+            pw, ph = obj.get_px_size()
+            if right - left > 0 and top - bottom > 0:
+                best = max(best, pw / (right - left), ph / (top - bottom))
+    except pdfium.PdfiumError:  # an image pdfium cannot measure: the page renders at 72 dpi
+        return MIN_PIXELS_PER_POINT
+    return best
+
+
 def render(raw: bytes, indices: list[int], side: int) -> dict[str, str]:
+    """Pages ``indices`` as PNGs at the page's own resolution (``pixels_per_point``), scaled down so
+    the longer side is at most ``side`` pixels, never enlarged past its own resolution; aspect kept
+    (pypdfium2 rounds each side to whole pixels)."""
     import pypdfium2 as pdfium
 
     out = {}
@@ -34,7 +56,7 @@ def render(raw: bytes, indices: list[int], side: int) -> dict[str, str]:
         for i in indices:
             page = pdf[i]
             w, h = page.get_size()  # points
-            scale = side / max(w, h, 1.0)
+            scale = min(pixels_per_point(page, pdfium), side / max(w, h, 1.0))
             img = page.render(scale=scale).to_pil().convert("RGB")
             buf = io.BytesIO()
             img.save(buf, format="PNG")

@@ -4,10 +4,14 @@ bombs, archives, binary data, wrong media types and extensions, bad file names."
 
 from __future__ import annotations
 
+import io
 import time
 
 import pytest
+import torch
+from PIL import Image
 
+from longmoe.serve.files import make_pdf
 from longmoe.serve.files.documents import DocumentError, DocumentLimits, check_filename, parse
 from tests.helpers.documents import (
     deflate_bomb_pdf,
@@ -89,3 +93,37 @@ def test_the_time_budget_kills_the_parser():
 def test_bad_file_names_are_refused(name):
     with pytest.raises(DocumentError, match="file name"):
         check_filename(name)
+
+
+def _page(w: int, h: int, seed: int = 0) -> Image.Image:
+    """A page image with detail at every pixel (noise), so any resampling shows."""
+    g = torch.Generator().manual_seed(seed)
+    px = torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8).numpy()
+    return Image.fromarray(px, "RGB")
+
+
+def _rendered(raw: bytes, limits: DocumentLimits | None = None) -> Image.Image:
+    doc = parse(raw, "p.pdf", "application/pdf", limits, pages_as="images")
+    return Image.open(io.BytesIO(doc.images[0])).convert("RGB")
+
+
+@pytest.mark.parametrize("size", [(40, 24), (200, 130), (256, 256)])
+def test_a_page_written_at_one_point_per_pixel_renders_back_to_its_pixels_never_enlarged(size):
+    page = _page(*size)
+    back = _rendered(make_pdf.image_pdf(page), DocumentLimits(render_side=256))
+    assert back.size == page.size and back.tobytes() == page.tobytes()
+
+
+@pytest.mark.parametrize("dpi", [144, 288])
+def test_a_scan_renders_at_its_own_resolution_not_at_72_dpi(dpi):
+    page = _page(96, 64, seed=1)  # at 288 dpi: a page of 24 x 16 points
+    back = _rendered(make_pdf.image_pdf(page, dpi=dpi), DocumentLimits(render_side=256))
+    assert back.size == page.size and back.tobytes() == page.tobytes()
+
+
+@pytest.mark.parametrize("size", [(512, 384), (300, 900)])
+def test_a_page_larger_than_render_side_is_shrunk_to_fit_with_its_aspect(size):
+    back = _rendered(make_pdf.image_pdf(_page(*size)), DocumentLimits(render_side=256))
+    scale = 256 / max(size)
+    assert max(back.size) == 256
+    assert all(abs(got - side * scale) <= 1 for got, side in zip(back.size, size, strict=True))  # aspect
