@@ -203,7 +203,7 @@ def test_the_report_card_imports_no_torch():
     ],
 )
 def test_faster_names_the_winner_with_enough_digits_to_see_the_gap(ours, peer, lower, says):
-    from longmoe.report.headlines import _faster
+    from longmoe.report.cpu_peer_headlines import _faster
 
     assert _faster(ours, peer, "llama.cpp", lower) == says
 
