@@ -13,6 +13,10 @@ docs/*.md is *covered* when it is
   a number printed with ``%`` reads a fraction, so the value is multiplied by 100). The citation
   resolves and the printed number equals the value at the printed precision.
 
+A number of any form (no unit, ``7.6e-06``) directly before a citation, only spaces or ``*`` between, is
+checked the same way: a citation always covers the number it follows, unit or not (``4.07-4.92`` with a
+citation after each end, ``7.4 and 10.2 GB/s``).
+
 Exempt by rule (``exempt``), because they are settings or sizes, not results: numbers in code (fenced or
 inline), targets, limits and tolerances (after ≤ ≥ < > ± or the words target / at least / at most / under
 / up to / within / above / below / budget / limit / timeout / every / last / fit / margin (of) / default,
@@ -49,6 +53,12 @@ UNCITED = ROOT / "bench" / "docnumbers_uncited.json"
 
 UNITS = r"(?:×|x\b|ms\b|tok/s\b|s\b|%|[KMG]i?B\b|nats?\b)"
 NUMBER = re.compile(rf"(?<![\w.\-/#])(?P<num>\d[\d,]*(?:\.\d+)?)\s?(?P<unit>{UNITS})")
+# A number the citation right after it covers, whatever its form: "7.4 <!-- from: ... -->", "7.6e-06 <!--".
+# A "-" before it is a range's dash ("4.07 <!-- -->-4.92"), not a sign: no cited value is negative.
+CITED_BARE = re.compile(
+    rf"(?<![\w.#/])(?P<num>\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?)(?:\s?(?P<unit>{UNITS}))?[\s*]*$"
+)
+PRINTED = re.compile(r"(?P<num>\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?)")
 KEY = r'(?:"[^"]*"|[^\s*"/])+'  # dotted parts; a quoted part may hold dots, spaces and slashes
 CITE = re.compile(
     rf"<!--\s*from:\s*(?P<path>[^#\s]+)#(?P<key>{KEY})(?:\s*/\s*(?P<over>{KEY}))?"
@@ -109,6 +119,11 @@ def exempt(line: str, m: re.Match) -> bool:
     return False
 
 
+def _before(line: str, column: int) -> str:
+    """Up to 40 characters before ``column``, whitespace folded: what the uncited list keys a number by."""
+    return " ".join(line[max(0, column - 40) : column].split())
+
+
 def scan(text: str, doc: str) -> list[Found]:
     """Every non-exempt result number outside script-written blocks and code, with its citation."""
     out: list[Found] = []
@@ -125,12 +140,23 @@ def scan(text: str, doc: str) -> list[Found]:
         line = CODE.sub(lambda m: " " * len(m.group()), raw)  # keep offsets, drop inline code
         cites = list(CITE.finditer(line))
         line = CITE.sub(lambda m: " " * len(m.group()), line)
-        hits = [m for m in NUMBER.finditer(line) if not exempt(line, m)]
-        for j, m in enumerate(hits):
-            nxt = hits[j + 1].start() if j + 1 < len(hits) else len(line)
+        # The number right before each citation, unit or not: the citation is its own.
+        direct = {c.start(): b for c in cites if (b := CITED_BARE.search(line, 0, c.start()))}
+        starts = sorted(b.start() for b in direct.values())
+        hits = [m for m in NUMBER.finditer(line) if not exempt(line, m) and m.start() not in starts]
+        found: list[Found] = []
+        for m in hits:  # a citation after it, before the next number (with a unit, or cited directly)
+            nxt = min(
+                [h.start() for h in hits if h.start() > m.start()] + [s for s in starts if s > m.start()],
+                default=len(line),
+            )
             cite = next((c for c in cites if m.end() <= c.start() < nxt), None)
-            before = " ".join(line[max(0, m.start() - 40) : m.start()].split())
-            out.append(Found(doc, i, m.group().strip(), before, cite, m.start()))
+            found.append(Found(doc, i, m.group().strip(), _before(line, m.start()), cite, m.start()))
+        for c in cites:
+            if (b := direct.get(c.start())) is not None:
+                text = line[b.start() : b.end("unit") if b["unit"] else b.end("num")]
+                found.append(Found(doc, i, text, _before(line, b.start()), c, b.start()))
+        out.extend(sorted(found, key=lambda f: f.column))
     return out
 
 
@@ -188,11 +214,21 @@ def cited_value(f: Found, root: Path = ROOT) -> float:
 
 
 def printed_number(f: Found) -> tuple[str, int]:
-    """The printed digits of ``f`` (thousands separators dropped) and their number of decimals."""
-    m = NUMBER.match(f.text)
+    """The printed digits of ``f`` (thousands separators dropped) and their number of decimals (of the
+    mantissa, for ``7.6e-06``)."""
+    m = PRINTED.match(f.text)
     assert m is not None
     printed = m["num"].replace(",", "")
-    return printed, len(printed.split(".")[1]) if "." in printed else 0
+    mantissa = printed.split("e")[0]
+    return printed, len(mantissa.split(".")[1]) if "." in mantissa else 0
+
+
+def reprint(value: float, f: Found) -> str:
+    """``value`` printed as ``f``'s number is: its decimals, its exponent form, its thousands separators."""
+    printed, decimals = printed_number(f)
+    if "e" in printed:
+        return f"{value:.{decimals}e}"
+    return f"{value:,.{decimals}f}" if "," in f.text else f"{value:.{decimals}f}"
 
 
 def check_citation(f: Found, root: Path = ROOT) -> str | None:
@@ -202,6 +238,13 @@ def check_citation(f: Found, root: Path = ROOT) -> str | None:
         value = cited_value(f, root)
     except (ValueError, ZeroDivisionError) as e:
         return f"{f.doc}:{f.line}: {f.text}: {e}"
+    if "e" in printed:
+        if float(reprint(value, f)) != float(printed):
+            over = f" / {f.cite['over']}" if f.cite["over"] else ""
+            return (
+                f"{f.doc}:{f.line}: prints {f.text}, {f.cite['path']}#{f.cite['key']}{over} holds {value:.6g}"
+            )
+        return None
     if abs(round(value, decimals) - float(printed)) > 10**-decimals / 2 + 1e-9:
         over = f" / {f.cite['over']}" if f.cite["over"] else ""
         return f"{f.doc}:{f.line}: prints {f.text}, {f.cite['path']}#{f.cite['key']}{over} holds {value:.6g}"
@@ -222,9 +265,8 @@ def refresh(text: str, doc: str, root: Path = ROOT) -> tuple[str, list[str]]:
             value = cited_value(f, root)
         except (ValueError, ZeroDivisionError):
             continue
-        printed, decimals = printed_number(f)
-        num = f"{value:,.{decimals}f}" if "," in f.text else f"{value:.{decimals}f}"
-        old = NUMBER.match(f.text)["num"]  # type: ignore[index]
+        num = reprint(value, f)
+        old = PRINTED.match(f.text)["num"]  # type: ignore[index]
         line = lines[f.line - 1]
         assert line[f.column : f.column + len(old)] == old, (doc, f.line, old)
         lines[f.line - 1] = line[: f.column] + num + line[f.column + len(old) :]

@@ -177,3 +177,20 @@ def test_refresh_reprints_only_stale_cited_numbers_at_their_precision_and_lists_
     assert changes == ["x.md:1: 1.90 -> 2.25 | was ...", "x.md:1: 1,100 -> 1,235 | was 1.90× at ..."]
     first_line = [f for f in docnumbers.scan(new, "x.md") if f.line == 1]
     assert len(first_line) == 4 and all(docnumbers.check_citation(f, tmp_path) is None for f in first_line)
+
+
+def test_a_citation_checks_the_number_before_it_with_or_without_a_unit(tmp_path):
+    """A range's low end ("4.07 <!-- -->-4.92×"), a number sharing a later unit ("7.4 and 10.2 GB/s") and
+    an exponent form ("7.6e-06 nats") are checked by the citation after them, and refreshed like any other."""
+    res = {"lo": 4.07, "hi": 4.92, "a": 5.8, "kl": 7.6e-06}
+    text = (
+        "ratios 4.07 <!-- from: r.json#lo -->-4.92× <!-- from: r.json#hi -->, reads 7.4 "
+        "<!-- from: r.json#a --> and 10.2 GB/s, KL 1.53e-05 <!-- from: r.json#kl --> nats\n"
+    )
+    found = _doc(tmp_path, res, text)
+    assert [f.text for f in found] == ["4.07", "4.92×", "7.4", "10.2 GB", "1.53e-05"]
+    cited = [f for f in found if f.cite is not None]
+    assert [docnumbers.check_citation(f, tmp_path) is None for f in cited] == [True, True, False, False]
+    new, changes = docnumbers.refresh(text, "x.md", tmp_path)
+    assert "reads 5.8 <!--" in new and "KL 7.60e-06 <!--" in new and len(changes) == 2
+    assert all(docnumbers.check_citation(f, tmp_path) is None for f in docnumbers.scan(new, "x.md") if f.cite)
