@@ -461,17 +461,33 @@ def run_http(lengths: list[int], rounds: int, threads: int) -> dict:
 
 
 def http_table(res: dict) -> str:
-    header = ["prompt tokens", "n", "TTFT s [min, max]", "prefill tok/s", "server peak RSS rise MB"]
+    header = ["prompt tokens", "n", "TTFT s [min, max]", "prefill tok/s", "server peak RSS rise MB", "run"]
     rows = []
     for n, r in res["rows"].items():
         t = r["ttft_s"]
         rows.append([f"{int(n) // K}K" + ("" if t["n"] > 1 else " (1 sample)"), t["n"],
                      f"{t['median']:.1f} [{t['min']:.1f}, {t['max']:.1f}]", r["prefill_tok_s"]["median"],
-                     r["peak_rise"]["median"] / 1e6])  # fmt: skip
+                     r["peak_rise"]["median"] / 1e6, _run(r, res)])  # fmt: skip
     return markdown_table(header, rows)
 
 
+def _run(row: dict, part: dict) -> str:
+    """Which run measured a row (rows of one table may come from separate runs): commit and date."""
+    p = row.get("provenance") or part.get("provenance") or {}
+    return f"{p['commit']}, {p['date']}" if p else "not recorded"
+
+
 # ------------------------------------------------------------------------------------------------ main
+def merge_rows(old: dict, new: dict, lengths: list[int], prov: dict) -> dict:
+    """``new`` rows over ``old``'s rows of other lengths, by length: a long prompt runs alone (one
+    sample), so the shorter lengths' rounds stay. Each row carries the provenance of the run that measured
+    it (a kept row without one takes its old part's)."""
+    kept = {k: {"provenance": old.get("provenance"), **v} for k, v in old.get("rows", {}).items()}
+    stamped = {k: {**v, "provenance": prov} for k, v in new.items()}
+    rows = {**{k: v for k, v in kept.items() if int(k) not in lengths}, **stamped}
+    return dict(sorted(rows.items(), key=lambda kv: int(kv[0])))
+
+
 def plot(res: dict) -> None:
     from longmoe.report.plotting import pyplot
 
@@ -525,7 +541,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.part == "decode":
         res["decode"] = run_decode(lengths, args.rounds, args.steps)
     elif args.part == "http":
-        res["http"] = run_http(lengths, args.rounds, args.threads)
+        new = run_http(lengths, args.rounds, args.threads)
+        if res.get("http", {}).get("server_malloc_tuned", False) == new["server_malloc_tuned"]:
+            new["rows"] = merge_rows(
+                res["http"], new["rows"], lengths, provenance()
+            )  # a 1M request runs alone
+        res["http"] = new
     elif args.part == "op":
         res["op"] = run_op(lengths[0] if args.lengths else 1024 * K, args.rounds)
     elif args.part == "tables":
@@ -533,9 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         new = run_prefill(lengths, args.rounds, args.new_tokens, args.prefix_cache)
         key = "prefill_prefix_cache" if args.prefix_cache else "prefill"
-        kept = res.get(key, {}).get("rows", {})  # other lengths stay (a long one runs alone, 1 sample)
-        new["rows"] = {**{k: v for k, v in kept.items() if int(k) not in lengths}, **new["rows"]}
-        new["rows"] = dict(sorted(new["rows"].items(), key=lambda kv: int(kv[0])))
+        new["rows"] = merge_rows(res.get(key, {}), new["rows"], lengths, provenance())
         res[key] = new
     part = "prefill_prefix_cache" if args.part == "prefill" and args.prefix_cache else args.part
     if part != "tables":  # each part keeps the provenance of the run that measured it
