@@ -339,16 +339,22 @@ def _load(d: dict) -> list[Headline]:
     ]
 
 
-def _checks(key: str) -> Callable[[dict], list[Headline]]:
+def _checks(key: str, what: str) -> Callable[[dict], list[Headline]]:
+    """A study's tally of confirmed expectations; ``what`` names its models, with the parameter range of
+    the runs the file stores."""
+
     def f(d: dict) -> list[Headline]:
         verdicts = [c["verdict"] for c in d["checks"]]
         ok = sum(v.startswith("confirmed") for v in verdicts)
+        params = [r["params"] for r in d.get("runs", []) if r.get("params")]
+        size = f", {min(params):,}-{max(params):,} parameters" if params else ""
         return [
             Headline(
                 f"{key}: expectations confirmed",
                 f"{ok} of {len(verdicts)}",
                 "each expectation's own control (docs/evidence.md)",
                 "per check: ± one standard error over seeds, in the file",
+                model=what + size,
             )
         ]
 
@@ -433,8 +439,10 @@ HEADLINES: dict[str, Callable[[dict], list[Headline]]] = {
     "quant": _quant,
     "rollout": _rollout,
     "load": _load,
-    "ablations": _checks("design ablations"),
-    "mqar": _checks("associative recall sweep"),
+    "ablations": _checks("design ablations", "tiny hybrids trained per arm from scratch"),
+    "mqar": _checks(
+        "associative recall sweep", "M / L / LM / LLLM at d_model 64, trained from scratch on MQAR"
+    ),
     "mqar_long": _mqar_long,
     "vision_extract": _vision_extract,
     "vision_extract_seed1": _vision_extract,
