@@ -12,6 +12,7 @@ import math
 import statistics
 from collections.abc import Callable
 
+from longmoe.report import measured
 from longmoe.report.cpu_peer_headlines import cpu_serve
 from longmoe.report.rules import Headline
 
@@ -24,7 +25,8 @@ def _n(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
-_SPREAD = "spread not recorded (shared machine)"
+# the honest noise of a number the file holds once (its script has no rounds option yet)
+_ONE_SAMPLE = "one sample (no rounds recorded)"
 
 
 def _demo(d: dict) -> list[Headline]:
@@ -82,22 +84,23 @@ def _kda(d: dict) -> list[Headline]:
         ((g, w) for g, w in _UNBOUNDED if any(g in r["speedup_fwd"] for r in rs)), _UNBOUNDED[-1]
     )
     sp = [r["speedup_fwd"][gate] for r in rs if gate in r["speedup_fwd"]] or [float("nan")]
+    model = measured.kda_model(d)
     return [
         Headline(
             f"KDA operator forward, T = {big['T']:,} fp32 (ms)",
             _n(big["fwd_s"]["longmoe"] * 1e3),
             f"{peer} (its faster chunk size here) {_n(big['fwd_s'][peer] * 1e3)} "
             f"({_x(big['fwd_s'][peer] / big['fwd_s']['longmoe'])} faster)",
-            _SPREAD,
-            model="KDA operator alone, B=1 H=4 K=V=64",
+            _ONE_SAMPLE,
+            model=model,
         ),
         Headline(
             f"bounded-decay all-GEMM chunk vs exact {what} path, forward, T = {min(r['T'] for r in rs):,}"
             f"-{max(r['T'] for r in rs):,}",
             f"{min(sp):.1f}-{max(sp):.1f}× faster",
             f"{what} path an unbounded gate needs (same run)",
-            _SPREAD,
-            readme=False,
+            f"{_ONE_SAMPLE} per T; the value's range is over T, not rounds",
+            model=model,
         ),
     ]
 
@@ -109,7 +112,7 @@ def _model(d: dict) -> list[Headline]:
 
     def noise(row: dict) -> dict:
         if "speedup" not in row:  # written before bench.model ran rounds
-            return {"noise": _SPREAD}
+            return {"noise": _ONE_SAMPLE}
         s = row["speedup"]
         rounds = f"({d['n_rounds']} alternating rounds)"
         return {
@@ -139,28 +142,33 @@ def _serve(d: dict) -> list[Headline]:
     lo, hi = min(r["context"] for r in d["decode"]), max(r["context"] for r in d["decode"])
     ratio = d["decode_ratio_last_first"]
     pr = d["prefix_reuse"]
+    model = measured.tiny_engine_model(d, "bench/serve.py")
     return [
         Headline(
             f"decode cost growth, context {lo:,} → {hi:,} (ms/token ratio)",
             f"{ratio['hybrid']:.2f}× (hybrid)",
             f"pure MLA {ratio['pure_mla']:.2f}×, transformers KimiLinear {ratio['peer']:.2f}×",
-            _SPREAD,
-            model="tiny-preset shapes, random weights",
+            f"{_ONE_SAMPLE}; each context's ms/token the best of 4 rounds (ours) or 3 windows (peer)",
+            model=model,
         ),
         Headline(
             "time to first token, 4096-token shared prefix (s)",
             f"{pr['on']['ttft_s']:.3f}",
             f"no prefix reuse {pr['off']['ttft_s']:.2f} ({_x(pr['off']['ttft_s'] / pr['on']['ttft_s'])})",
-            _SPREAD,
-            readme=False,
+            _ONE_SAMPLE,
+            model=model,
         ),
         Headline(
             "throughput, 32 concurrent / 1 request",
             _x(d["throughput_ratio_32_vs_1"]),
             "target ≥ 8×",
-            _SPREAD,
+            _ONE_SAMPLE,
+            model=model,
         ),
     ]
+
+
+MOE_TOKENS = 4096  # bench/moe.py's tokens per call (512 with --quick, a smoke run)
 
 
 def _moe(d: dict) -> list[Headline]:
@@ -170,11 +178,11 @@ def _moe(d: dict) -> list[Headline]:
     peer = next(r for r in rows if r["E"] == e and r["impl"] == "transformers grouped_mm")
     return [
         Headline(
-            f"MoE layer fwd+bwd, E = {e}, 4096 tokens, fp32 (s)",
+            f"MoE layer fwd+bwd, E = {e}, {MOE_TOKENS} tokens, fp32 (s)",
             f"{ours['fwd+bwd s']:.3f} ({ours['fwd+bwd/roof']:.0%} of torch.mm peak)",
             f"transformers grouped_mm {peer['fwd+bwd s']:.3f} ({_x(peer['fwd+bwd s'] / ours['fwd+bwd s'])})",
-            _SPREAD,
-            readme=False,
+            f"{_ONE_SAMPLE}; each time the median of up to 3 repetitions, which the file does not keep",
+            model=measured.moe_model(e, MOE_TOKENS),
         )
     ]
 
@@ -188,8 +196,8 @@ def _packed_attention(d: dict) -> list[Headline]:
             f"packed causal attention fwd+bwd, T = {t:,}, {ours['n_docs']} documents (s)",
             f"{ours['fwdbwd_s']:.3f}",
             f"full mask {full['fwdbwd_s']:.2f} ({_x(full['fwdbwd_s'] / ours['fwdbwd_s'])})",
-            _SPREAD,
-            readme=False,
+            f"{_ONE_SAMPLE}; each time the median of up to 3 repetitions, which the file does not keep",
+            model=measured.packed_attention_model(ours),
         )
     ]
 
@@ -205,6 +213,7 @@ def _quant(d: dict) -> list[Headline]:
                 f"{q4['weight_bytes']['total'] / mib:.2f} MiB, loss {q4['val_loss']['4096']:.3f}",
                 f"fp32 {f['weight_bytes']['total'] / mib:.2f} MiB, loss {f['val_loss']['4096']:.3f}",
                 "one trained model, 4 held-out documents (no interval: report card only)",
+                model=measured.quant_model(d),
             )
         ]
     uni = d["unigram"]["val_loss"]["4096"]
@@ -216,7 +225,7 @@ def _quant(d: dict) -> list[Headline]:
             f"fp32 {f['weight_bytes']['total'] / mib:.2f} MiB; loss at 4K {f['val_loss']['4096']:.3f} "
             f"(unigram {uni:.3f})",
             "one trained model, 4 held-out documents x 4K positions (no interval: report card only)",
-            model="the demo's trained tiny hybrid MoE",
+            model=measured.quant_model(d),
         )
         for name, x in (("int8", v["int8"]), ("int4", q4))
     ]
@@ -230,8 +239,7 @@ PRE_REGISTERED_COMPILE_MODEL = "kimi300m"  # the README's compile headline: the 
 
 
 def _compile_model(d: dict) -> tuple[str, str]:
-    cmd = (d.get("provenance") or {}).get("command") or ""
-    name = cmd.split("--compile-model", 1)[1].split()[0] if "--compile-model" in cmd else "tiny"
+    name = measured.command_flag(d, "--compile-model") or "tiny"
     cfg = d.get("config") or {}
     toy = f"toy hybrid (d {cfg.get('d_model')}, {cfg.get('n_layers')} layers), random weights"
     return name, _COMPILE_MODELS.get(name, toy)
@@ -275,9 +283,7 @@ def _spec(d: dict) -> list[Headline]:
     plain = [r for r in d["runs"] if r["case"] == "none"]
     meds = sorted(r["speedup_median"] for r in plain)
     wins = sum(m > 1 for m in meds)
-    model = (
-        "the demo's trained tiny hybrid MoE (make demo), trained drafts"  # spec.json "target": its run dir
-    )
+    model = measured.spec_model(d)
     return [
         Headline(
             f"speculative decoding: median speed-up over all {len(meds)} draft x k x batch cells",
@@ -294,19 +300,22 @@ def _spec(d: dict) -> list[Headline]:
 
 def _serve_prefix(d: dict) -> list[Headline]:
     on, off = d["turns"]["on"], d["turns"]["off"]
+    model = measured.tiny_engine_model(d, "bench/serve.py")
     return [
         Headline(
             f"chat turn {len(on)} / turn 1 time to first token, prefix reuse on",
             _x(on[-1] / on[0]),
             f"no reuse {_x(off[-1] / off[0])}; target ≤ 1.5×",
-            "one run per arm (no range: report card only)",
-            model="tiny-preset shapes, random weights",
+            "one sample per arm (no rounds recorded)",
+            model=model,
         ),
         Headline(
             "prefix hit within one 16-token chunk of the shared prefix at every offset 0..64",
             "yes" if d.get("hit_within_one_chunk_at_every_offset") else "no",
             "block-aligned hits before (64-token blocks)",
-            "deterministic",
+            "deterministic (token counts, no timing)",
+            model=model,
+            noise_kind="exact",
         ),
     ]
 
@@ -323,7 +332,8 @@ def _rollout(d: dict) -> list[Headline]:
             cells,
             "re-prefill every turn 1.00×; sessions slower at "
             + (", ".join(str(n) for n in losing) + " episodes" if losing else "no count"),
-            _SPREAD,
+            f"{_ONE_SAMPLE} per episode count",
+            model=measured.tiny_engine_model(d, "bench/rollout.py"),
         )
     ]
 
@@ -334,7 +344,8 @@ def _load(d: dict) -> list[Headline]:
             f"{d['clients']} concurrent HTTP clients, wall time (s)",
             f"{d['wall_s']:.2f}",
             f"one at a time {d['solo_sequential_s']:.1f} ({_x(d['speedup_vs_sequential'])})",
-            f"{sum(d['errors'])} errors, {sum(d['mismatches'])} mismatched outputs",
+            f"{_ONE_SAMPLE}; {sum(d['errors'])} errors, {sum(d['mismatches'])} mismatched outputs",
+            model=measured.load_model(d),
         )
     ]
 
@@ -372,7 +383,9 @@ def _mqar_long(d: dict) -> list[Headline]:
                 f"MQAR recall at {top:,} tokens, queries uniform, {s['variant']} trained at {train_len}",
                 f"{s['mean']:.3f} ± {se:.3f}", f"chance {d['chance']:.3f}; target {d['settings']['target']}",
                 f"± one standard error over seeds {s['seeds']}",
-                model=f"{s['variant']}, d_model {d['settings']['d_model']}, trained from scratch on MQAR",
+                model=f"{s['variant']}, d_model {d['settings']['d_model']}, trained from scratch on MQAR, "
+                      f"{measured.mqar_params(d, s['variant'])}",
+                noise_kind="interval",
             ))  # fmt: skip
     return out
 
@@ -387,12 +400,14 @@ def _vision_extract(d: dict) -> list[Headline]:
     """One line per target family (the documents runs hold each of four against the target)."""
     out = []
     arm = d.get("arm") or (f"seed {d['seed']}" if "seed" in d else "")
+    model = measured.vision_model(d)
     for fam in d.get("target_families") or [d.get("target_family", "form_easy")]:
         m, c = d["main_eval"][fam], (d.get("control_eval") or {}).get(fam)
         ctrl = "no text control" if c is None else f"text-only control {_f1_ci(c)}"
         ci = f"95% interval ({m['micro_f1_interval']})" if "micro_f1_lo" in m else "± one standard error"
         out.append(Headline(f"image → JSON field F1, {fam}" + (f", {arm}" if arm else ""), _f1_ci(m),
-                            f"{ctrl}; target {d['target_f1']}", f"{ci} over {m['n']} pages"))  # fmt: skip
+                            f"{ctrl}; target {d['target_f1']}", f"{ci} over {m['n']} pages",
+                            model=model, noise_kind="interval"))  # fmt: skip
     return out
 
 
@@ -404,10 +419,11 @@ def _agent(d: dict) -> list[Headline]:
     if pr is None:  # no per-task episodes: the pooled difference, unpaired
         k = len(seeds.get("per_seed") or {})
         value, noise = f"{100 * (seeds['mean'] - sft):+.1f}", [f"unpaired, {k} RL seed(s)"]
+        kind = ""
     else:
         k = pr["rl_seeds"]
         value = f"{100 * pr['diff']:+.1f} ± {100 * pr['se']:.1f}"
-        noise = [f"± one SE paired over {pr['tasks']} test tasks"]
+        noise, kind = [f"± one SE paired over {pr['tasks']} test tasks"], "interval"
     sd = seeds.get("seed_sd")
     noise.append(f"seed-to-seed SD {100 * sd:.1f} points" if k > 1 and sd is not None else "one RL seed")
     if len(lr.get("validation_success") or {}) > 1:
@@ -418,6 +434,8 @@ def _agent(d: dict) -> list[Headline]:
             value,
             f"SFT {100 * sft:.1f}%; RL mean of {k} seed(s) {100 * seeds.get('mean', sft):.1f}%",
             "; ".join(noise),
+            model=measured.agent_model(d),
+            noise_kind=kind,
         )
     ]
 
