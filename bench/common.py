@@ -6,6 +6,7 @@ noisy), so absolute seconds only matter relative to each other and to ``gemm_roo
 
 from __future__ import annotations
 
+import argparse
 import functools
 import itertools
 import json
@@ -13,7 +14,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -119,6 +120,58 @@ def provenance() -> dict:
     if ALLOW_DIRTY:
         out["allow_dirty"] = True
     return out
+
+
+def spread(xs: list[float]) -> dict:
+    """The per-round values' median and [min, max]: the noise a ratio over alternating rounds carries."""
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def _median_tree(values: list) -> object:
+    if isinstance(values[0], dict):
+        return {k: _median_tree([v[k] for v in values]) for k in values[0]}
+    if isinstance(values[0], (int, float)) and not isinstance(values[0], bool):
+        return statistics.median(values)
+    return values[0]  # a label (a name, a dtype, a layout): the same in every round
+
+
+def over_rounds(per_round: list[dict], *, timed: Sequence[str], ratios: dict[str, str]) -> dict:
+    """One row measured once in each round -> the row a result file keeps.
+
+    Every number is its median over rounds under its own key (a dict of numbers, e.g. seconds by
+    implementation, key by key; labels from the first round); for each ratio key (computed per round,
+    above 1 = longmoe faster) ``ratios[key]`` gets the per-round values' ``spread`` (the same key may be
+    named, to keep only the spread); ``rounds`` keeps the per-round values of the ``timed`` keys.
+    Every round must hold the same keys (the same grid)."""
+    row = {k: _median_tree([r[k] for r in per_round]) for k in per_round[0]}
+    for key, out in ratios.items():
+        vals = [r[key] for r in per_round]
+        by_name = isinstance(vals[0], dict)
+        row[out] = {n: spread([v[n] for v in vals]) for n in vals[0]} if by_name else spread(vals)
+    row["rounds"] = [{k: r[k] for k in timed} for r in per_round]
+    return row
+
+
+def range_cell(s: dict, spec: str = ".2f", unit: str = "") -> str:
+    """A ``spread`` as tables show a ratio over rounds: ``median [min, max]``."""
+    return f"{s['median']:{spec}}{unit} [{s['min']:{spec}}, {s['max']:{spec}}]"
+
+
+def add_rounds_option(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        help="alternating rounds: the whole grid N times, each arm's median and each ratio's per-round "
+        "[min, max] kept (default 3; --quick: 1)",
+    )
+
+
+def rounds_arg(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--rounds``, else 1 for ``--quick`` and 3 otherwise (issue 50: a verdict rests on 3 or more)."""
+    n = args.rounds if args.rounds is not None else 1 if getattr(args, "quick", False) else 3
+    if n < 1:
+        ap.error("--rounds must be at least 1")
+    return n
 
 
 def markdown_table(header: list[str], rows: list[list[object]]) -> str:

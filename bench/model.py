@@ -16,20 +16,30 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import time
 import warnings
 
 import torch
 from tqdm import tqdm
 
-from bench.common import gemm_roofline, markdown_table, timeit, write_results
+from bench.common import (
+    add_rounds_option,
+    gemm_roofline,
+    markdown_table,
+    over_rounds,
+    range_cell,
+    rounds_arg,
+    spread,
+    timeit,
+    write_results,
+)
 from bench.cpu_serve import verdict
 from longmoe.cli.inspect import report
 from longmoe.config import FFNConfig, ModelConfig
 from longmoe.model import LongMoE
 
 VOCAB, D, L, HEADS, HD = 2048, 256, 8, 4, 64
+_r = range_cell  # a ratio's cell: median [min, max] over rounds
 
 
 def ours_config() -> ModelConfig:
@@ -156,10 +166,6 @@ def one_round(ours, peer, train_T: list[int], prefill_T: list[int], decode_ctx: 
     return out
 
 
-def spread(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
-
-
 def combine(rounds: list[dict]) -> dict:
     """Per row: each side's median over rounds (the keys one round has), and the per-round ratio's median
     and [min, max] (longmoe over the peer for rates, the peer over longmoe for ms: above 1 = longmoe faster);
@@ -171,14 +177,9 @@ def combine(rounds: list[dict]) -> dict:
         "decode": ("ours_ms", "peer_ms", lambda a, b: b / a),
     }.items():
         rows = []
-        for i, first in enumerate(rounds[0][part]):
-            per = [r[part][i] for r in rounds]
-            row = {k: v for k, v in first.items() if k not in (ours_k, peer_k)}
-            row[ours_k] = statistics.median(p[ours_k] for p in per)
-            row[peer_k] = statistics.median(p[peer_k] for p in per)
-            row["speedup"] = spread([faster(p[ours_k], p[peer_k]) for p in per])
-            row["rounds"] = [{ours_k: p[ours_k], peer_k: p[peer_k]} for p in per]
-            rows.append(row)
+        for i in range(len(rounds[0][part])):
+            per = [{**r[part][i], "speedup": faster(r[part][i][ours_k], r[part][i][peer_k])} for r in rounds]
+            rows.append(over_rounds(per, timed=(ours_k, peer_k), ratios={"speedup": "speedup"}))
         out[part] = rows
     lo, hi = 0, len(out["decode"]) - 1
     out["decode_growth"] = {
@@ -190,10 +191,6 @@ def combine(rounds: list[dict]) -> dict:
 
 def _k(n: int) -> str:
     return f"{n // 1024}K" if n >= 1024 else str(n)
-
-
-def _r(s: dict) -> str:
-    return f"{s['median']:.2f} [{s['min']:.2f}, {s['max']:.2f}]"
 
 
 def table(res: dict, n_rounds: int, threads: int, roof: float, n_active: int) -> str:
@@ -240,16 +237,14 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run in seconds)")
     ap.add_argument("--no-peer", action="store_true", help="skip the transformers model (no ratios)")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README benchmark table")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (3; --quick: 1)")
+    add_rounds_option(ap)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     train_T = [256] if args.quick else [1024, 4096]
     prefill_T = [512] if args.quick else [1024, 4096, 16384]
     decode_ctx = [256, 2048] if args.quick else [1024, 16384]
-    n_rounds = 1 if args.quick else args.rounds
-    if n_rounds < 1:
-        ap.error("--rounds must be at least 1")
+    n_rounds = rounds_arg(ap, args)
     cfg = ours_config()
     ours = LongMoE(cfg)
     peer = None if args.no_peer else peer_model()
