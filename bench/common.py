@@ -130,9 +130,11 @@ def spread(xs: list[float]) -> dict:
 def _median_tree(values: list) -> object:
     if isinstance(values[0], dict):
         return {k: _median_tree([v[k] for v in values]) for k in values[0]}
+    if all(v == values[0] for v in values):
+        return values[0]  # a label or a setting (a name, T, a dtype): the same in every round, type kept
     if isinstance(values[0], (int, float)) and not isinstance(values[0], bool):
         return statistics.median(values)
-    return values[0]  # a label (a name, a dtype, a layout): the same in every round
+    return values[0]
 
 
 def over_rounds(per_round: list[dict], *, timed: Sequence[str], ratios: dict[str, str]) -> dict:

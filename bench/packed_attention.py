@@ -12,8 +12,11 @@ Useful FLOPs count only the allowed (causal, same-document) scores: ``Σ_docs n(
 forward, 2.5× that for the backward (the conventional attention count). Layouts are what training
 produces: windows of ``W`` tokens, each holding documents of random lengths, concatenated into one row.
 
-    python -m bench.packed_attention           # T = 4096 and 16384, fp32 and bf16
-    python -m bench.packed_attention --quick   # T = 4096, fp32 (seconds)
+    python -m bench.packed_attention           # T = 4096 and 16384, fp32 and bf16; 3 alternating rounds
+    python -m bench.packed_attention --quick   # T = 4096, fp32, one round (seconds)
+
+Each round runs every case, the three implementations back to back; the file keeps each time's median
+over rounds and the per-round fwd+bwd speed-up's median and [min, max].
 """
 
 from __future__ import annotations
@@ -23,7 +26,15 @@ import random
 
 import torch
 
-from bench.common import markdown_table, timeit, write_results
+from bench.common import (
+    add_rounds_option,
+    markdown_table,
+    over_rounds,
+    range_cell,
+    rounds_arg,
+    timeit,
+    write_results,
+)
 from longmoe.ops.attention import packed_causal_attention, packed_causal_attention_reference
 
 
@@ -87,10 +98,31 @@ def run_case(T: int, window: int, doc: tuple[int, int], dtype: torch.dtype, H: i
     return rows
 
 
-def render(rows: list[dict], H: int, D: int) -> str:
-    """The markdown table (speed-ups against the full-mask row of the same case)."""
-    case = lambda r: (r["T"], r["window"], r["docs"], r["dtype"])
-    base = {case(r): r for r in rows if r["impl"] == "full mask"}
+SPEEDUP = "fwdbwd_speedup_vs_full_mask"  # full mask's fwd+bwd time / this row's, in the same round
+
+
+def _case(r: dict) -> tuple:
+    return r["T"], r["window"], r["docs"], r["dtype"]
+
+
+def one_round(cases: list[tuple], H: int, D: int) -> list[dict]:
+    """Every case once, the implementations back to back, with each row's speed-up in this round."""
+    rows = [r for T, W, doc, dt in cases for r in run_case(T, W, doc, dt, H, D)]
+    base = {_case(r): r["fwdbwd_s"] for r in rows if r["impl"] == "full mask"}
+    return [{**r, SPEEDUP: base[_case(r)] / r["fwdbwd_s"]} for r in rows]
+
+
+def combine(rounds: list[list[dict]]) -> list[dict]:
+    """Per row: each number's median over rounds (same keys as one round's), the per-round speed-up's
+    median and [min, max] (``SPEEDUP + "_range"``), and the per-round times."""
+    return [
+        over_rounds([r[i] for r in rounds], timed=("fwd_s", "fwdbwd_s"), ratios={SPEEDUP: SPEEDUP + "_range"})
+        for i in range(len(rounds[0]))
+    ]
+
+
+def render(rows: list[dict], H: int, D: int, n_rounds: int) -> str:
+    """The markdown table (speed-ups against the full-mask row of the same case, per round)."""
     table = [
         [
             r["T"],
@@ -101,7 +133,7 @@ def render(rows: list[dict], H: int, D: int) -> str:
             r["impl"],
             r["fwd_s"],
             r["fwdbwd_s"],
-            base[case(r)]["fwdbwd_s"] / r["fwdbwd_s"],
+            range_cell(r[SPEEDUP + "_range"]),
             r["fwdbwd_gflops"],
             r["max_rel_err"],
         ]
@@ -116,14 +148,16 @@ def render(rows: list[dict], H: int, D: int) -> str:
         "impl",
         "fwd s",
         "fwd+bwd s",
-        "fwd+bwd speed-up vs full mask",
+        "fwd+bwd speed-up vs full mask, median [min, max]",
         "fwd+bwd useful GFLOP/s",
         "max rel err",
     ]
     md = (
         f"Packed causal attention, H = {H}, head dim {D} (the tiny MLA), one row of T tokens; "
-        f"{torch.get_num_threads()} threads. Shared machine: read the ratios.\n\n"
-        + markdown_table(header, table)
+        f"{torch.get_num_threads()} threads; times are medians over {n_rounds} alternating rounds (each runs "
+        "every row, the implementations back to back); a speed-up is the per-round ratio's median "
+        "[min, max]. "
+        "Shared machine: read the ratios.\n\n" + markdown_table(header, table)
     )
     return md
 
@@ -132,7 +166,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="T = 4096, fp32 only")
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    add_rounds_option(p)
     args = p.parse_args()
+    n_rounds = rounds_arg(p, args)
     if args.threads:
         torch.set_num_threads(args.threads)
     H, D = 2, 32  # the tiny preset's MLA heads
@@ -144,11 +180,11 @@ def main() -> None:
             (16384, 2048, (200, 1800), torch.float32),
             (4096, 4096, (4096, 4096), torch.float32),  # one document: only the causal half is saved
         ]
-    rows = [r for T, W, doc, dt in cases for r in run_case(T, W, doc, dt, H, D)]
-    md = render(rows, H, D)
+    rows = combine([one_round(cases, H, D) for _ in range(n_rounds)])
+    md = render(rows, H, D, n_rounds)
     write_results(
         "packed_attention_quick" if args.quick else "packed_attention",
-        {"rows": rows},
+        {"n_rounds": n_rounds, "rows": rows},
         md,
         update_readme=not args.quick,
     )
