@@ -141,16 +141,17 @@ def over_rounds(per_round: list[dict], *, timed: Sequence[str], ratios: dict[str
     """One row measured once in each round -> the row a result file keeps.
 
     Every number is its median over rounds under its own key (a dict of numbers, e.g. seconds by
-    implementation, key by key; labels from the first round); for each ratio key (computed per round,
-    above 1 = longmoe faster) ``ratios[key]`` gets the per-round values' ``spread`` (the same key may be
-    named, to keep only the spread); ``rounds`` keeps the per-round values of the ``timed`` keys.
-    Every round must hold the same keys (the same grid)."""
+    implementation, key by key; labels from the first round). For each ratio key (a value, or a dict of
+    values, computed within each round) ``ratios[key]`` gets the per-round values' ``spread``: their
+    median and [min, max] (naming the key itself keeps only the spread). ``rounds`` keeps the per-round
+    values of the ``timed`` keys (none named: no ``rounds``). Every round holds the same keys."""
     row = {k: _median_tree([r[k] for r in per_round]) for k in per_round[0]}
     for key, out in ratios.items():
         vals = [r[key] for r in per_round]
         by_name = isinstance(vals[0], dict)
         row[out] = {n: spread([v[n] for v in vals]) for n in vals[0]} if by_name else spread(vals)
-    row["rounds"] = [{k: r[k] for k in timed} for r in per_round]
+    if timed:
+        row["rounds"] = [{k: r[k] for k in timed} for r in per_round]
     return row
 
 

@@ -10,10 +10,13 @@ FLOPs are the useful work only (router, latent projections, k routed experts per
 padding not counted); fwd+bwd counts 3× the forward. The roofline is this machine's peak ``torch.mm``
 throughput, read just before and after each row's timings (the higher of the two). The default
 transformers loop allocates a full-size gradient per expert hit in backward (minutes at E = 896), so
-for E > 64 its fwd+bwd is timed once (one repetition, no warm-up) and in fp32 only.
+for E > 64 its fwd+bwd is timed once per round (one repetition, no warm-up) and in fp32 only.
 
-    python -m bench.moe            # E in {8, 64, 256, 896}, fp32 and bf16, plus α = 4
-    python -m bench.moe --quick    # E in {8, 64}, 512 tokens, fp32 (seconds)
+Every row runs once per round (``--rounds``, 3); the file keeps each number's median over rounds under
+the row's keys, the per-round times, and each ratio's per-round median and [min, max] (``ratios``).
+
+    python -m bench.moe            # E in {8, 64, 256, 896}, fp32 and bf16, plus α = 4; 3 alternating rounds
+    python -m bench.moe --quick    # E in {8, 64}, 512 tokens, fp32, one round (seconds)
     LONGMOE_MALLOC_TUNE=0 python -m bench.moe   # glibc's default allocator behaviour, for both peers
                                                 # (results in moe_malloc_default.*, README untouched)
 """
@@ -25,7 +28,17 @@ import warnings
 
 import torch
 
-from bench.common import MALLOC_TUNED, gemm_roofline, markdown_table, timeit, write_results
+from bench.common import (
+    MALLOC_TUNED,
+    add_rounds_option,
+    gemm_roofline,
+    markdown_table,
+    over_rounds,
+    range_cell,
+    rounds_arg,
+    timeit,
+    write_results,
+)
 from longmoe.config import FFNConfig
 from longmoe.layers.moe import MoELayer
 
@@ -152,61 +165,101 @@ def run_case(
     return rows
 
 
+HEADER = ["E", "dtype", "α", "impl", "fwd s", "fwd/roof", "fwd+bwd s", "fwd+bwd/roof", "max rel err",
+          "roof GFLOP/s"]  # fmt: skip
+VS_PEER, VS_E8 = "speed-up vs transformers grouped_mm", "time / E=8"  # keys of a ratio row
+
+
+def one_round(
+    Es: list[int], dtypes: list[torch.dtype], n_tokens: int, iters: int, alpha4: bool
+) -> list[list]:
+    """Every row of the grid once (each case's implementations back to back): ``run_case``'s rows."""
+    rows = []
+    for dtype in dtypes:
+        for E in Es:
+            rows += run_case(E, n_tokens, dtype, 1, iters, True)
+        if alpha4:
+            rows += run_case(896, n_tokens, dtype, 4, iters, False)
+    return rows
+
+
+def _timed(r: list) -> bool:
+    return not isinstance(r[4], str)  # an error row holds its message in the time's place
+
+
+def round_ratios(rows: list[list]) -> list[dict]:
+    """This round's ratios, one per longmoe row: the grouped_mm peer's time over longmoe's (above 1 =
+    longmoe faster), where the peer ran, and longmoe's time over its own at E = 8 (same dtype)."""
+    by = {tuple(r[:4]): dict(zip(HEADER, r)) for r in rows if _timed(r)}
+    out = []
+    for (E, dt, a, name), r in by.items():
+        if name != "longmoe":
+            continue
+        ratio = {"E": E, "dtype": dt, "α": a}
+        if (g := by.get((E, dt, a, "transformers grouped_mm"))) is not None:
+            ratio[VS_PEER] = {k: g[k] / r[k] for k in ("fwd s", "fwd+bwd s")}
+        if (base := by.get((8, dt, 1, "longmoe"))) is not None:
+            ratio[VS_E8] = {k: r[k] / base[k] for k in ("fwd s", "fwd+bwd s")}
+        out.append(ratio)
+    return out
+
+
+def combine(rounds: list[list[list]]) -> tuple[list, list[dict]]:
+    """The rounds' rows -> (table rows, each number the median over rounds, an error row as the first
+    round had it; ratio rows, each ratio's per-round median and [min, max]). Rows align by position:
+    every round runs the same grid, and ``run_case`` gives one row per implementation, error or not."""
+    table = []
+    for i in range(len(rounds[0])):
+        per = [r[i] for r in rounds]
+        if not all(_timed(r) for r in per):
+            table.append(next(r for r in per if not _timed(r)))
+            continue
+        row = over_rounds([dict(zip(HEADER, r)) for r in per], timed=("fwd s", "fwd+bwd s"), ratios={})
+        table.append([row[k] for k in HEADER] + [row["rounds"]])
+    per_round = [round_ratios(r) for r in rounds]
+    ratios = []
+    for i in range(len(per_round[0])):
+        per = [r[i] for r in per_round]
+        ratios.append(over_rounds(per, timed=(), ratios={k: k for k in (VS_PEER, VS_E8) if k in per[0]}))
+    return table, ratios
+
+
+def _cell(ratio: dict, key: str, part: str, unit: str = "") -> str:
+    return range_cell(ratio[key][part], ".2f", unit) if key in ratio else "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="E in {8, 64}, 512 tokens, fp32 only")
     p.add_argument("--iters", type=int, default=3, help="timed repetitions per measurement (median)")
+    add_rounds_option(p)
     args = p.parse_args(argv)
+    n_rounds = rounds_arg(p, args)
     warnings.simplefilter("ignore")
     torch.set_num_threads(2)
     n_tokens = 512 if args.quick else 4096
     Es = [8, 64] if args.quick else [8, 64, 256, 896]
     dtypes = [torch.float32] if args.quick else [torch.float32, torch.bfloat16]
-    results, table = [], []
-    for dtype in dtypes:
-        for E in Es:
-            table += run_case(E, n_tokens, dtype, 1, args.iters, True)
-        if not args.quick:
-            table += run_case(896, n_tokens, dtype, 4, args.iters, False)
+    table, ratios = combine(
+        [one_round(Es, dtypes, n_tokens, args.iters, not args.quick) for _ in range(n_rounds)]
+    )
+    results = [{**dict(zip(HEADER, r)), "rounds": r[-1]} for r in table if _timed(r)]
+    table = [r[: len(HEADER)] for r in table]
     roofs = {
-        str(dt): [r[9] * 1e9 for r in table if r[1] == str(dt).split(".")[1] and not isinstance(r[4], str)]
-        for dt in dtypes
+        str(dt): [r[9] * 1e9 for r in table if r[1] == str(dt).split(".")[1] and _timed(r)] for dt in dtypes
     }
-    header = [
-        "E",
-        "dtype",
-        "α",
-        "impl",
-        "fwd s",
-        "fwd/roof",
-        "fwd+bwd s",
-        "fwd+bwd/roof",
-        "max rel err",
-        "roof GFLOP/s",
+    ratio_rows = [
+        [
+            x["E"],
+            x["dtype"],
+            x["α"],
+            _cell(x, VS_PEER, "fwd s", "×"),
+            _cell(x, VS_PEER, "fwd+bwd s", "×"),
+            _cell(x, VS_E8, "fwd s"),
+            _cell(x, VS_E8, "fwd+bwd s"),
+        ]
+        for x in ratios
     ]
-    # ratios against the peers and against E = 8, same dtype/α
-    by = {(r[0], r[1], r[2], r[3]): r for r in table if not isinstance(r[4], str)}
-    for r in table:
-        if isinstance(r[4], str):
-            continue
-        results.append(dict(zip(header, r)))
-    ratio_rows = []
-    for (E, dt, a, name), r in by.items():
-        if name != "longmoe":
-            continue
-        g = by.get((E, dt, a, "transformers grouped_mm"))
-        base = by.get((8, dt, 1, "longmoe"))
-        ratio_rows.append(
-            [
-                E,
-                dt,
-                a,
-                f"{g[4] / r[4]:.2f}×" if g else "-",
-                f"{g[6] / r[6]:.2f}×" if g else "-",
-                f"{r[4] / base[4]:.2f}" if base else "-",
-                f"{r[6] / base[6]:.2f}" if base else "-",
-            ]
-        )
     md = (
         f"MoE layer, {n_tokens} tokens, d = {D}, f = {F_HID}, k = {K}, 1 shared expert; roofline = peak "
         + "torch.mm read around each row (range "
@@ -215,13 +268,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         + "; shared machine; "
         + ("freed memory kept for reuse, longmoe/runtime.py" if MALLOC_TUNED else "glibc default malloc")
-        + ")\n\n"
-        + markdown_table(header, table)
-        + f"\n\ntransformers eager fwd+bwd for E > {DEFAULT_LOOP_MAX_E}: one repetition, fp32 only"
+        + f"). Every number is the median over {n_rounds} alternating rounds (each round runs every row, "
+        + "a case's implementations back to back).\n\n"
+        + markdown_table(HEADER, table)
+        + f"\n\ntransformers eager fwd+bwd for E > {DEFAULT_LOOP_MAX_E}: one repetition per round, fp32 only"
         + " (nan = not run)."
         + " α = 4 rows count their own (smaller) FLOPs."
         + " Shared 2-core machine with other jobs running: read the ratios, not the seconds."
-        + "\n\nlongmoe speed-up over transformers grouped_mm, and time relative to E = 8:\n\n"
+        + "\n\nlongmoe speed-up over transformers grouped_mm, and time relative to E = 8: each the per-round "
+        + "ratio's median [min, max]:\n\n"
         + markdown_table(
             ["E", "dtype", "α", "fwd speed-up", "fwd+bwd speed-up", "fwd time / E=8", "fwd+bwd time / E=8"],
             ratio_rows,
@@ -229,7 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     name = ("moe_quick" if args.quick else "moe") + ("" if MALLOC_TUNED else "_malloc_default")
     write_results(
-        name, {"roofline_flops": roofs, "rows": results}, md, update_readme=not args.quick and MALLOC_TUNED
+        name,
+        {"roofline_flops": roofs, "n_rounds": n_rounds, "rows": results, "ratios": ratios},
+        md,
+        update_readme=not args.quick and MALLOC_TUNED,
     )
     return 0
 
