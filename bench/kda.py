@@ -14,10 +14,12 @@ second table.
 
 Forward is timed under ``torch.no_grad()`` (the inference path) for every implementation; forward+backward
 with autograd. The roofline is this machine's ``torch.mm`` throughput measured in the same run, and the
-operator's share counts the useful FLOPs of the chunked algorithm (``kda_flops``).
+operator's share counts the useful FLOPs of the chunked algorithm (``kda_flops``). Every row runs once per
+round (``--rounds``, 3); the file keeps each number's median over rounds under its own key, the per-round
+times, and each speed-up's per-round median and [min, max] (``speedup_fwd_range``, ``speedup_fwd_bwd_range``).
 
-    python -m bench.kda            # T in {1024, 4096, 16384}, fp32 and bf16
-    python -m bench.kda --quick    # T = 1024, fp32 only (seconds)
+    python -m bench.kda            # T in {1024, 4096, 16384}, fp32 and bf16; 3 alternating rounds
+    python -m bench.kda --quick    # T = 1024, fp32 only, one round (seconds)
     python -m bench.kda --gates-only   # bounded vs log-space only (no peers), T in {1024, 4096}, minutes
 """
 
@@ -33,7 +35,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.common import gemm_roofline, markdown_table, timeit, write_results
+from bench.common import (
+    add_rounds_option,
+    gemm_roofline,
+    markdown_table,
+    over_rounds,
+    range_cell,
+    rounds_arg,
+    timeit,
+    write_results,
+)
 from longmoe.ops.gates import bounded_decay, kimi_decay
 from longmoe.ops.kda import kda_chunk
 
@@ -119,32 +130,10 @@ def time_fwd_bwd(fn, xs, budget: float, stat=statistics.median) -> float:
     return timeit(run, warmup=1, iters=3, max_seconds=budget, stat=stat)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="T = 1024, fp32 only (a smoke run in seconds)")
-    ap.add_argument(
-        "--gates-only",
-        action="store_true",
-        help="bounded all-GEMM vs the unbounded paths only, no peers, T in {1024, 4096}, fastest of "
-        "each run's repeats (results: kda_gates.*, no README)",
-    )
-    ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README benchmark table")
-    args = ap.parse_args(argv)
-
-    lengths = [1024] if args.quick else [1024, 4096] if args.gates_only else [1024, 4096, 16384]
-    # --gates-only reads the fastest run of each (a slow sample on a shared machine is interference)
-    stat = min if args.gates_only else statistics.median
-    dtypes = [torch.float32] if args.quick else [torch.float32, torch.bfloat16]
-    peers = {} if args.gates_only else load_peers()
-    ours = lambda q, k, v, g, b: kda_chunk(q, k, v, g, b, chunk_size=C)[0]
-    exact = {
-        name: lambda q, k, v, g, b, mode=mode: kda_chunk(q, k, v, g, b, chunk_size=C, intra=mode)[0]
-        for name, mode in ((LOGSPACE, "logspace"), (SUBCHUNK, "subchunk"))
-    }
-    roof = {str(dt).split(".")[-1]: gemm_roofline(dt) for dt in dtypes}
-    print("torch.mm roofline (GFLOP/s):", {k: round(v / 1e9, 1) for k, v in roof.items()}, flush=True)
-
-    rows, gate_rows, results = [], [], []
+def one_round(lengths, dtypes, ours, exact: dict, peers: dict, roof: dict, stat, quick: bool) -> list[dict]:
+    """Every (dtype, T) row once: longmoe, the unbounded-gate paths and the peers back to back, with this
+    round's speed-ups (peer time / longmoe time)."""
+    results = []
     for dt in dtypes:
         dname = str(dt).split(".")[-1]
         for T in lengths:
@@ -162,12 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 if "recurrent" in name and T > 4096:
                     continue
                 entry["fwd_s"][name] = time_forward(fn, xs, 30)
-                if (
-                    T <= 4096
-                    and not args.quick
-                    and "recurrent" not in name
-                    and name != "transformers chunk16"
-                ):
+                if T <= 4096 and not quick and "recurrent" not in name and name != "transformers chunk16":
                     entry["fwd_bwd_s"][name] = time_fwd_bwd(fn, xs, 60)
             t_f, t_fb = entry["fwd_s"]["longmoe"], entry["fwd_bwd_s"]["longmoe"]
             entry["roofline_share_fwd"] = flops / t_f / roof[dname]
@@ -175,36 +159,55 @@ def main(argv: list[str] | None = None) -> int:
             entry["speedup_fwd"] = {n: t / t_f for n, t in entry["fwd_s"].items() if n != "longmoe"}
             entry["speedup_fwd_bwd"] = {n: t / t_fb for n, t in entry["fwd_bwd_s"].items() if n != "longmoe"}
             results.append(entry)
-            sp, spb = entry["speedup_fwd"], entry["speedup_fwd_bwd"]
-            gate_rows.append(
-                [
-                    T,
-                    dname,
-                    f"{t_f * 1e3:.1f}",
-                    *(f"{entry['fwd_s'][n] * 1e3:.1f}" for n in exact),
-                    *(f"{sp[n]:.1f}×" for n in exact),
-                    f"{t_fb * 1e3:.0f}",
-                    *(f"{entry['fwd_bwd_s'][n] * 1e3:.0f}" for n in exact),
-                    *(f"{spb[n]:.1f}×" for n in exact),
-                ]
-            )
-            rows.append(
-                [
-                    T,
-                    dname,
-                    f"{t_f * 1e3:.1f}",
-                    f"{100 * entry['roofline_share_fwd']:.0f}%",
-                    *(f"{sp[n]:.1f}×" if n in sp else "–" for n in peers),
-                    f"{t_fb * 1e3:.0f}",
-                    f"{100 * entry['roofline_share_fwd_bwd']:.0f}%",
-                    *(
-                        f"{spb[n]:.1f}×" if n in spb else "–"
-                        for n in ("transformers chunk64", "fla naive chunk64")
-                    ),
-                ]
-            )
-            print(rows[-1], flush=True)
+            print({k: entry[k] for k in ("T", "dtype", "speedup_fwd", "speedup_fwd_bwd")}, flush=True)
+    return results
 
+
+RANGES = {"speedup_fwd": "speedup_fwd_range", "speedup_fwd_bwd": "speedup_fwd_bwd_range"}
+
+
+def combine(rounds: list[list[dict]]) -> list[dict]:
+    """Per row: every number the median over rounds under its own key (``speedup_fwd`` etc.: the per-round
+    ratio's median), ``speedup_fwd_range`` / ``speedup_fwd_bwd_range``: each per-round ratio's median and
+    [min, max], and ``rounds``: the per-round times."""
+    return [
+        over_rounds([r[i] for r in rounds], timed=("fwd_s", "fwd_bwd_s"), ratios=RANGES)
+        for i in range(len(rounds[0]))
+    ]
+
+
+def _x(entry: dict, key: str, name: str) -> str:
+    return range_cell(entry[RANGES[key]][name], ".1f", "×") if name in entry[key] else "–"
+
+
+def render(results: list[dict], peers: list[str], exact: list[str], roof: dict, n_rounds: int) -> str:
+    rows, gate_rows = [], []
+    for e in results:
+        t_f, t_fb = e["fwd_s"]["longmoe"], e["fwd_bwd_s"]["longmoe"]
+        gate_rows.append(
+            [
+                e["T"],
+                e["dtype"],
+                f"{t_f * 1e3:.1f}",
+                *(f"{e['fwd_s'][n] * 1e3:.1f}" for n in exact),
+                *(_x(e, "speedup_fwd", n) for n in exact),
+                f"{t_fb * 1e3:.0f}",
+                *(f"{e['fwd_bwd_s'][n] * 1e3:.0f}" for n in exact),
+                *(_x(e, "speedup_fwd_bwd", n) for n in exact),
+            ]
+        )
+        rows.append(
+            [
+                e["T"],
+                e["dtype"],
+                f"{t_f * 1e3:.1f}",
+                f"{100 * e['roofline_share_fwd']:.0f}%",
+                *(_x(e, "speedup_fwd", n) for n in peers),
+                f"{t_fb * 1e3:.0f}",
+                f"{100 * e['roofline_share_fwd_bwd']:.0f}%",
+                *(_x(e, "speedup_fwd_bwd", n) for n in ("transformers chunk64", "fla naive chunk64")),
+            ]
+        )
     header = [
         "T",
         "dtype",
@@ -230,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         "fwd+bwd speed-up vs log-space",
         "fwd+bwd speed-up vs sub-chunk",
     ]
-    table = (
-        f"KDA operator, B={B} H={H} K=V={K}, chunk {C}; speed-up = peer time / longmoe time in the same run "
+    return (
+        f"KDA operator, B={B} H={H} K=V={K}, chunk {C}; speed-up = peer time / longmoe time in the same "
+        f"round, its median [min, max] over {n_rounds} alternating rounds (each round runs every row, "
+        "longmoe and the peers back to back); times are medians over the rounds "
         f"(torch.mm roofline: {', '.join(f'{k} {v / 1e9:.0f} GFLOP/s' for k, v in roof.items())}; "
         f"{torch.get_num_threads()} threads, shared machine).\n\n"
         + markdown_table(header, rows)
@@ -239,14 +244,50 @@ def main(argv: list[str] | None = None) -> int:
         '(`intra="factorised"`) against the exact in-chunk paths an unbounded gate needs (Kimi-Linear '
         'gates): every pair in log space (`intra="logspace"`) and the chunk halved down to single tokens '
         'with GEMMs between the halves (`intra="subchunk"`, the stronger baseline); same q, k, v, β, '
-        "shapes and run; speed-up = unbounded time / bounded time.\n\n"
+        "shapes and rounds; speed-up = unbounded time / bounded time, median [min, max] over rounds.\n\n"
         + markdown_table(gate_header, gate_rows)
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="T = 1024, fp32 only (a smoke run in seconds)")
+    ap.add_argument(
+        "--gates-only",
+        action="store_true",
+        help="bounded all-GEMM vs the unbounded paths only, no peers, T in {1024, 4096}, fastest of "
+        "each run's repeats (results: kda_gates.*, no README)",
+    )
+    ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README benchmark table")
+    add_rounds_option(ap)
+    args = ap.parse_args(argv)
+    n_rounds = rounds_arg(ap, args)
+
+    lengths = [1024] if args.quick else [1024, 4096] if args.gates_only else [1024, 4096, 16384]
+    # --gates-only reads the fastest run of each (a slow sample on a shared machine is interference)
+    stat = min if args.gates_only else statistics.median
+    dtypes = [torch.float32] if args.quick else [torch.float32, torch.bfloat16]
+    peers = {} if args.gates_only else load_peers()
+    ours = lambda q, k, v, g, b: kda_chunk(q, k, v, g, b, chunk_size=C)[0]
+    exact = {
+        name: lambda q, k, v, g, b, mode=mode: kda_chunk(q, k, v, g, b, chunk_size=C, intra=mode)[0]
+        for name, mode in ((LOGSPACE, "logspace"), (SUBCHUNK, "subchunk"))
+    }
+    roof = {str(dt).split(".")[-1]: gemm_roofline(dt) for dt in dtypes}
+    print("torch.mm roofline (GFLOP/s):", {k: round(v / 1e9, 1) for k, v in roof.items()}, flush=True)
+    rounds = [one_round(lengths, dtypes, ours, exact, peers, roof, stat, args.quick) for _ in range(n_rounds)]
+    results = combine(rounds)
+    table = render(results, list(peers), list(exact), roof, n_rounds)
     # a smoke run never overwrites the full table, nor does a run without the peers
     name = "kda_quick" if args.quick else "kda_gates" if args.gates_only else "kda"
     write_results(
         name,
-        {"roofline_flops": roof, "shape": dict(B=B, H=H, K=K, V=V, C=C), "results": results},
+        {
+            "roofline_flops": roof,
+            "shape": dict(B=B, H=H, K=K, V=V, C=C),
+            "n_rounds": n_rounds,
+            "results": results,
+        },
         table,
         update_readme=not (args.no_readme or args.quick or args.gates_only),
     )
