@@ -130,6 +130,11 @@ def time_fwd_bwd(fn, xs, budget: float, stat=statistics.median) -> float:
     return timeit(run, warmup=1, iters=3, max_seconds=budget, stat=stat)
 
 
+def speedups(times: dict[str, float]) -> dict[str, float]:
+    """Each other implementation's time over longmoe's, same round (above 1 = longmoe faster)."""
+    return {n: t / times["longmoe"] for n, t in times.items() if n != "longmoe"}
+
+
 def one_round(lengths, dtypes, ours, exact: dict, peers: dict, roof: dict, stat, quick: bool) -> list[dict]:
     """Every (dtype, T) row once: longmoe, the unbounded-gate paths and the peers back to back, with this
     round's speed-ups (peer time / longmoe time)."""
@@ -156,8 +161,10 @@ def one_round(lengths, dtypes, ours, exact: dict, peers: dict, roof: dict, stat,
             t_f, t_fb = entry["fwd_s"]["longmoe"], entry["fwd_bwd_s"]["longmoe"]
             entry["roofline_share_fwd"] = flops / t_f / roof[dname]
             entry["roofline_share_fwd_bwd"] = 3 * flops / t_fb / roof[dname]
-            entry["speedup_fwd"] = {n: t / t_f for n, t in entry["fwd_s"].items() if n != "longmoe"}
-            entry["speedup_fwd_bwd"] = {n: t / t_fb for n, t in entry["fwd_bwd_s"].items() if n != "longmoe"}
+            entry["speedup_fwd"], entry["speedup_fwd_bwd"] = (
+                speedups(entry["fwd_s"]),
+                speedups(entry["fwd_bwd_s"]),
+            )
             results.append(entry)
             print({k: entry[k] for k in ("T", "dtype", "speedup_fwd", "speedup_fwd_bwd")}, flush=True)
     return results

@@ -105,11 +105,16 @@ def _case(r: dict) -> tuple:
     return r["T"], r["window"], r["docs"], r["dtype"]
 
 
-def one_round(cases: list[tuple], H: int, D: int) -> list[dict]:
-    """Every case once, the implementations back to back, with each row's speed-up in this round."""
-    rows = [r for T, W, doc, dt in cases for r in run_case(T, W, doc, dt, H, D)]
+def with_speedups(rows: list[dict]) -> list[dict]:
+    """One round's rows with each one's speed-up: the full mask's fwd+bwd time over the row's, same case
+    (above 1 = faster than the full mask)."""
     base = {_case(r): r["fwdbwd_s"] for r in rows if r["impl"] == "full mask"}
     return [{**r, SPEEDUP: base[_case(r)] / r["fwdbwd_s"]} for r in rows]
+
+
+def one_round(cases: list[tuple], H: int, D: int) -> list[dict]:
+    """Every case once, the implementations back to back, with each row's speed-up in this round."""
+    return with_speedups([r for T, W, doc, dt in cases for r in run_case(T, W, doc, dt, H, D)])
 
 
 def combine(rounds: list[list[dict]]) -> list[dict]:

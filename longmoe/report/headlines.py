@@ -25,8 +25,19 @@ def _n(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
-# the honest noise of a number the file holds once (its script has no rounds option yet)
+# the honest noise of a number the file holds once (written before its script ran rounds)
 _ONE_SAMPLE = "one sample (no rounds recorded)"
+_ONE_PASS = f"{_ONE_SAMPLE}; each time the median of up to 3 repetitions, which the file does not keep"
+
+
+def _round_range(d: dict, s: dict, spec: str = ".2f", over: str = "") -> dict:
+    """The noise of a ratio measured in every alternating round (a file with ``n_rounds``): the per-round
+    values' [min, max], ``s`` a ``bench.common.spread``."""
+    return {
+        "noise": f"per-round speed-ups [{s['min']:{spec}}, {s['max']:{spec}}]{over} "
+        f"({d['n_rounds']} alternating rounds)",
+        "noise_kind": "range",
+    }
 
 
 def _demo(d: dict) -> list[Headline]:
@@ -83,15 +94,25 @@ def _kda(d: dict) -> list[Headline]:
     gate, what = next(
         ((g, w) for g, w in _UNBOUNDED if any(g in r["speedup_fwd"] for r in rs)), _UNBOUNDED[-1]
     )
-    sp = [r["speedup_fwd"][gate] for r in rs if gate in r["speedup_fwd"]] or [float("nan")]
+    gated = [r for r in rs if gate in r["speedup_fwd"]]
+    sp = [r["speedup_fwd"][gate] for r in gated] or [float("nan")]
     model = measured.kda_model(d)
+    if "n_rounds" in d:  # speedup_fwd: the per-round ratio's median; its [min, max] beside it
+        ratio = big["speedup_fwd"][peer]
+        noise = _round_range(d, big["speedup_fwd_range"][peer])
+        ranges = [r["speedup_fwd_range"][gate] for r in gated]
+        lo, hi = min(s["min"] for s in ranges), max(s["max"] for s in ranges)
+        gate_noise = _round_range(d, {"min": lo, "max": hi}, ".1f", " at every T")
+    else:
+        ratio = big["fwd_s"][peer] / big["fwd_s"]["longmoe"]
+        noise = {"noise": _ONE_SAMPLE}
+        gate_noise = {"noise": f"{_ONE_SAMPLE} per T; the value's range is over T, not rounds"}
     return [
         Headline(
             f"KDA operator forward, T = {big['T']:,} fp32 (ms)",
             _n(big["fwd_s"]["longmoe"] * 1e3),
-            f"{peer} (its faster chunk size here) {_n(big['fwd_s'][peer] * 1e3)} "
-            f"({_x(big['fwd_s'][peer] / big['fwd_s']['longmoe'])} faster)",
-            _ONE_SAMPLE,
+            f"{peer} (its faster chunk size here) {_n(big['fwd_s'][peer] * 1e3)} ({_x(ratio)} faster)",
+            **noise,
             model=model,
         ),
         Headline(
@@ -99,7 +120,7 @@ def _kda(d: dict) -> list[Headline]:
             f"-{max(r['T'] for r in rs):,}",
             f"{min(sp):.1f}-{max(sp):.1f}× faster",
             f"{what} path an unbounded gate needs (same run)",
-            f"{_ONE_SAMPLE} per T; the value's range is over T, not rounds",
+            **gate_noise,
             model=model,
         ),
     ]
@@ -113,12 +134,7 @@ def _model(d: dict) -> list[Headline]:
     def noise(row: dict) -> dict:
         if "speedup" not in row:  # written before bench.model ran rounds
             return {"noise": _ONE_SAMPLE}
-        s = row["speedup"]
-        rounds = f"({d['n_rounds']} alternating rounds)"
-        return {
-            "noise": f"per-round speed-ups [{s['min']:.2f}, {s['max']:.2f}] {rounds}",
-            "noise_kind": "range",
-        }
+        return _round_range(d, row["speedup"])
 
     return [
         Headline(
@@ -176,12 +192,19 @@ def _moe(d: dict) -> list[Headline]:
     e = max(r["E"] for r in rows)
     ours = next(r for r in rows if r["E"] == e and r["impl"] == "longmoe")
     peer = next(r for r in rows if r["E"] == e and r["impl"] == "transformers grouped_mm")
+    if "n_rounds" in d:  # bench/moe.py's ratios: each speed-up's per-round median and [min, max]
+        vs = next(r for r in d["ratios"] if (r["E"], r["dtype"], r["α"]) == (e, "float32", 1))
+        s = vs["speed-up vs transformers grouped_mm"]["fwd+bwd s"]
+        ratio, noise = s["median"], _round_range(d, s)
+    else:
+        ratio = peer["fwd+bwd s"] / ours["fwd+bwd s"]
+        noise = {"noise": _ONE_PASS}
     return [
         Headline(
             f"MoE layer fwd+bwd, E = {e}, {MOE_TOKENS} tokens, fp32 (s)",
             f"{ours['fwd+bwd s']:.3f} ({ours['fwd+bwd/roof']:.0%} of torch.mm peak)",
-            f"transformers grouped_mm {peer['fwd+bwd s']:.3f} ({_x(peer['fwd+bwd s'] / ours['fwd+bwd s'])})",
-            f"{_ONE_SAMPLE}; each time the median of up to 3 repetitions, which the file does not keep",
+            f"transformers grouped_mm {peer['fwd+bwd s']:.3f} ({_x(ratio)})",
+            **noise,
             model=measured.moe_model(e, MOE_TOKENS),
         )
     ]
@@ -191,12 +214,18 @@ def _packed_attention(d: dict) -> list[Headline]:
     t = max(r["T"] for r in d["rows"])
     ours = next(r for r in d["rows"] if r["T"] == t and r["impl"] == "longmoe")
     full = next(r for r in d["rows"] if r["T"] == t and r["impl"] == "full mask")
+    if "n_rounds" in d:  # bench/packed_attention.py: the per-round speed-up's median and [min, max]
+        s = ours["fwdbwd_speedup_vs_full_mask_range"]
+        ratio, noise = s["median"], _round_range(d, s)
+    else:
+        ratio = full["fwdbwd_s"] / ours["fwdbwd_s"]
+        noise = {"noise": _ONE_PASS}
     return [
         Headline(
             f"packed causal attention fwd+bwd, T = {t:,}, {ours['n_docs']} documents (s)",
             f"{ours['fwdbwd_s']:.3f}",
-            f"full mask {full['fwdbwd_s']:.2f} ({_x(full['fwdbwd_s'] / ours['fwdbwd_s'])})",
-            f"{_ONE_SAMPLE}; each time the median of up to 3 repetitions, which the file does not keep",
+            f"full mask {full['fwdbwd_s']:.2f} ({_x(ratio)})",
+            **noise,
             model=measured.packed_attention_model(ours),
         )
     ]
