@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import markdown_table, write_results
-from bench.serve import WINDOWS, engine_decode
+from bench.serve_decode import WINDOWS, engine_decode
 from longmoe.checkpoint import load_model
 from longmoe.data.tokenizer import Tokenizer
 from longmoe.eval.ppl import long_documents

@@ -10,7 +10,7 @@ MLA q-rank 64 / kv-rank 32, 8 experts top-2 of width 64 + 1 shared, first layer 
   timed inside its own ``generate`` (a logits processor stamps every generated token).
 
 Measured in the same run: decode ms/token after a prompt of 1K, 4K, 16K, 32K tokens (ours: model +
-cache steps measured round-robin over the contexts; the peer: gaps between tokens in ``generate``);
+cache steps; the peer: gaps between tokens in ``generate``; ``bench/serve_decode.py``);
 engine decode ms/token at batch 1, eager and with ``--compile`` (torch.compile; compile time too);
 prefill tokens/s of an 8K prompt by engine chunk size; generated tokens/s with 1, 8 and 32
 concurrent requests (continuous batching); prefix reuse (time to first token after a 4K-token shared
@@ -18,15 +18,20 @@ prefix) and speculative decoding (tokens/s and acceptance rate by ``k``), each a
 without it (``bench/serve_fast.py``); sampled decode with a JSON-schema grammar vs without
 (``bench/structured.py``). Engines run without prefix reuse unless a row says otherwise.
 
-    python -m bench.serve            # full sizes (several minutes on 2 shared cores)
-    python -m bench.serve --quick    # contexts 512/2048, small prompts (about a minute)
+Every headline number (decode cost growth by context, prefix-reuse time to first token, throughput 32 /
+1, chat turn-10 / turn-1) is measured in ``--rounds`` alternating rounds (the arms back to back inside
+each round): the JSON keeps each value's median over rounds under the key one sample had, the per-round
+values beside it, and each ratio's per-round median and [min, max] (``*_range``, ``*_speedup``).
+
+    python -m bench.serve            # full sizes, 3 rounds (several minutes on 2 shared cores)
+    python -m bench.serve --quick    # contexts 512/2048, small prompts, one round (about a minute)
+    python -m bench.serve --only prefix   # hits by offset and chat turns (serve_prefix.json), 3 rounds
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import shutil
 import statistics
@@ -38,7 +43,8 @@ import warnings
 
 import torch
 
-from bench.common import bench_tokenizer, markdown_table, write_results
+from bench.common import bench_tokenizer, fmt_spread, markdown_table, spread, write_results
+from bench.serve_decode import WINDOWS, decode_rounds, engine_decode, peer_model, rand_ids
 from bench.serve_fast import prefix_rows, prefix_turn_rows
 from bench.structured import structured_rows
 from longmoe.config import ModelConfig
@@ -49,7 +55,6 @@ from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 
 MAX_CTX = 1 << 16
-WINDOWS = 3  # decode windows per measurement (see robust_ms)
 
 
 def hybrid_config(pattern: str = "LLLM") -> ModelConfig:
@@ -58,122 +63,11 @@ def hybrid_config(pattern: str = "LLLM") -> ModelConfig:
     return cfg.replace(layer_pattern=pattern, max_seq_len=MAX_CTX, ffn=ffn)
 
 
-def peer_model(cfg: ModelConfig):
-    from transformers import KimiLinearConfig, KimiLinearForCausalLM
-
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    kinds = cfg.layer_types
-    c = KimiLinearConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.ffn.dense_hidden,
-        moe_intermediate_size=cfg.ffn.expert_hidden,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.mla_heads,
-        num_key_value_heads=cfg.mla_heads,
-        kv_lora_rank=cfg.mla_kv_lora_rank,
-        q_lora_rank=cfg.mla_q_lora_rank,
-        qk_rope_head_dim=cfg.mla_shared_key_dim,
-        qk_nope_head_dim=cfg.mla_head_dim,
-        v_head_dim=cfg.mla_v_head_dim,
-        num_experts_per_tok=cfg.ffn.top_k,
-        num_experts=cfg.ffn.n_experts,
-        n_shared_experts=cfg.ffn.n_shared,
-        first_k_dense_replace=cfg.ffn.first_k_dense,
-        pad_token_id=0,
-        bos_token_id=None,
-        eos_token_id=None,
-        tie_word_embeddings=cfg.tie_embeddings,
-        max_position_embeddings=MAX_CTX,
-        linear_attn_config={
-            "kda_layers": [i + 1 for i, k in enumerate(kinds) if k == "L"],
-            "full_attn_layers": [i + 1 for i, k in enumerate(kinds) if k == "M"],
-            "head_dim": cfg.kda_head_dim,
-            "num_heads": cfg.kda_heads,
-            "short_conv_kernel_size": cfg.kda_conv_size,
-        },
-    )
-    c._attn_implementation = "sdpa"
-    return KimiLinearForCausalLM(c).eval()
-
-
 def make_engine(cfg: ModelConfig, **kw) -> Engine:
     """An engine on a random model of ``cfg`` (seed 0)."""
     torch.manual_seed(0)
     opts = {"cache_budget_bytes": 8 << 30, "prefill_chunk": 2048, "prefix_cache": False, **kw}
     return Engine(LongMoE(cfg), bench_tokenizer(512), EngineConfig(**opts))
-
-
-def rand_ids(n: int, vocab: int, seed: int) -> list[int]:
-    return torch.randint(20, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def robust_ms(stamps: list[float], n: int) -> float:
-    """ms/token: the smallest of the median gaps over ``WINDOWS`` windows of ``n`` tokens (the
-    machine is shared, so a burst of someone else's work inflates one window, rarely all)."""
-    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-    return min(statistics.median(gaps[i * n : (i + 1) * n]) for i in range(WINDOWS)) * 1e3
-
-
-def engine_decode(engine: Engine, ctx: int, n: int) -> tuple[float, float]:
-    """(decode ms/token, prefill s) for a prompt of ``ctx`` tokens: gaps between streamed tokens."""
-    params = SamplingParams(max_tokens=WINDOWS * n + 1, temperature=0.0, ignore_eos=True)
-    t0 = time.perf_counter()
-    h = engine.submit(rand_ids(ctx, engine.vocab_size, ctx), params)
-    stamps = [time.perf_counter() for _ in h.events()]
-    return robust_ms(stamps, n), stamps[0] - t0
-
-
-def model_decode_curve(engine: Engine, ctxs: list[int], n: int, rounds: int = 4) -> dict[int, float]:
-    """Decode ms/token of the engine's model at each context, measured round-robin: every context's
-    prefilled cache is kept, and each round times ``n`` steps on a fresh clone of each in turn, so a
-    burst of other work on this shared machine hits all contexts alike; min over rounds."""
-    model, step = engine.model, engine.cfg.prefill_chunk
-    caches = {}
-    for ctx in ctxs:
-        ids = torch.tensor([rand_ids(ctx, engine.vocab_size, ctx)])
-        c = model.new_cache(1)
-        for i in range(0, ctx, step):
-            model(ids[:, i : i + step], cache=c)
-        caches[ctx] = c
-    x = torch.tensor([[7]])
-    best = {ctx: float("inf") for ctx in ctxs}
-    for _ in range(rounds):
-        for ctx in ctxs:
-            c = caches[ctx].clone()
-            model(x, cache=c)  # untimed: grows the latent buffer once
-            ts = []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                model(x, cache=c)
-                ts.append(time.perf_counter() - t0)
-            best[ctx] = min(best[ctx], statistics.median(ts) * 1e3)
-    return best
-
-
-def peer_decode(peer, ctx: int, n: int, vocab: int) -> tuple[float, float]:
-    """The same for ``transformers`` ``generate`` (greedy), stamping each generated token."""
-    from transformers import LogitsProcessor, LogitsProcessorList
-
-    stamps: list[float] = []
-
-    class Stamp(LogitsProcessor):
-        def __call__(self, input_ids, scores):
-            stamps.append(time.perf_counter())
-            return scores
-
-    x = torch.tensor([rand_ids(ctx, vocab, ctx)])
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        peer.generate(
-            x,
-            attention_mask=torch.ones_like(x),
-            max_new_tokens=WINDOWS * n + 1,
-            min_new_tokens=WINDOWS * n + 1,
-            do_sample=False,
-            logits_processor=LogitsProcessorList([Stamp()]),
-        )
-    return robust_ms(stamps, n), stamps[0] - t0
 
 
 def compiled_decode(
@@ -225,12 +119,6 @@ def compiled_decode(
         "compile_s_after_first_request": recompiled_s,
         "first_request_s": first_s,
     }
-
-
-def _fmt(xs: list[float]) -> list[str]:
-    """Up to three numbers for the table's three value columns (the per-round speed-ups)."""
-    cells = [f"{x:.2f}" for x in xs[:3]]
-    return cells + [""] * (3 - len(cells))
 
 
 def compile_config(name: str) -> ModelConfig:
@@ -335,7 +223,13 @@ def main() -> int:
         "--compile-model", choices=("tiny", "100m", "kimi300m"), default="tiny", help="--compile-only model"
     )
     ap.add_argument("--first-token-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="alternating rounds of every timed arm (3; --quick: 1)"
+    )
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    rounds = 1 if args.quick else args.rounds
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     ctxs = [512, 2048] if args.quick else [1024, 4096, 16384, 32768]
@@ -351,41 +245,49 @@ def main() -> int:
     if args.only == "prefix":
         with torch.inference_mode():
             rows, res = prefix_turn_rows(
-                lambda **kw: make_engine(cfg, **kw), rand_ids, cfg.vocab_size, args.quick
+                lambda **kw: make_engine(cfg, **kw), rand_ids, cfg.vocab_size, args.quick, rounds
             )
         table = markdown_table(["measurement", "hybrid LLLM", "", ""], rows)
         table += (
             f"\n\nCPU, fp32, {torch.get_num_threads()} thread(s), shared machine; tiny-preset shapes, random "
             "weights (hits and times do not depend on the predictions). Hits: a prompt sharing its first "
             "`p` tokens with a stored 200-token prompt, then differing. Turns: each adds the new tokens and "
-            "the previous reply; time to first token through the engine."
+            "the previous reply; time to first token through the engine; times are medians [min, max] over "
+            f"{rounds} alternating rounds (each round: a fresh engine without reuse, then one with it)."
         )
         name = "serve_prefix_quick" if args.quick else "serve_prefix"
         write_results(name, {"config": cfg.to_dict(), **res}, table, update_readme=not args.quick)
         return 0
-    results: dict = {"decode": [], "prefill": [], "throughput": []}
+    return full_run(cfg, args, rounds, ctxs, n_dec, prefill_T, chunks, conc, conc_tokens)
+
+
+def full_run(cfg, args, rounds: int, ctxs, n_dec: int, prefill_T: int, chunks, conc, conc_tokens: int) -> int:
+    """Every row but the ``--compile-only`` ones; headline numbers over ``rounds`` alternating rounds."""
+    results: dict = {"prefill": [], "n_rounds": rounds}
     rows = []
 
     with torch.inference_mode():
         hybrid, mla = make_engine(cfg), make_engine(hybrid_config("M"))
-        peer = None if args.no_peer else peer_model(cfg)
-        curve_h = model_decode_curve(hybrid, ctxs, n_dec)
-        curve_m = model_decode_curve(mla, ctxs, n_dec)
-        for ctx in ctxs:
-            a, b = curve_h[ctx], curve_m[ctx]
-            c, pc = peer_decode(peer, ctx, n_dec, cfg.vocab_size) if peer is not None else (float("nan"),) * 2
-            results["decode"].append(
-                {"context": ctx, "hybrid_ms": a, "pure_mla_ms": b, "peer_ms": c, "peer_prefill_s": pc}
-            )
-            rows.append([f"decode ms/token @ ctx {ctx}", a, b, c])
-            print(rows[-1], flush=True)
+        peer = None if args.no_peer else peer_model(cfg, MAX_CTX)
+        results |= decode_rounds(hybrid, mla, peer, ctxs, n_dec, rounds)
+        for r in results["decode"]:
+            cells = [
+                fmt_spread(spread([x[k] for x in r["rounds"]]), ".3g")
+                for k in ("hybrid_ms", "pure_mla_ms", "peer_ms")
+            ]
+            rows.append([f"decode ms/token @ ctx {r['context']}", *cells])
         eng_ms, _ = engine_decode(hybrid, ctxs[0], n_dec)
         results["engine_decode_ms_first_ctx"] = eng_ms
-        d = results["decode"]
-        ratio = [d[-1][k] / d[0][k] for k in ("hybrid_ms", "pure_mla_ms", "peer_ms")]
-        results["decode_ratio_last_first"] = dict(zip(("hybrid", "pure_mla", "peer"), ratio, strict=True))
-        rows.append([f"decode ratio ctx {ctxs[-1]} / {ctxs[0]} (target hybrid <= 1.3)", *ratio])
-        rows.append([f"engine decode ms/token @ ctx {ctxs[0]} (scheduler included)", eng_ms, "", ""])
+        rng = results["decode_ratio_range"]
+        rows.append(
+            [
+                f"decode ratio ctx {ctxs[-1]} / {ctxs[0]}, per-round (target hybrid <= 1.3)",
+                *(fmt_spread(rng[k]) for k in ("hybrid", "pure_mla", "peer")),
+            ]
+        )
+        rows.append(
+            [f"engine decode ms/token @ ctx {ctxs[0]} (scheduler included; one sample)", eng_ms, "", ""]
+        )
         mla.close()
 
         results["compiled"] = compiled_decode(hybrid, cfg, ctxs[0], n_dec, rows)
@@ -399,20 +301,18 @@ def main() -> int:
                 e.generate(prompt, one)
                 tps = prefill_T / (time.perf_counter() - t0)
             results["prefill"].append({"chunk_size": cs, "prompt": prefill_T, "tok_s": tps})
-            rows.append([f"prefill tok/s, {prefill_T}-token prompt, chunk {cs}", tps, "", ""])
+            rows.append([f"prefill tok/s, {prefill_T}-token prompt, chunk {cs} (one sample)", tps, "", ""])
             print(rows[-1], flush=True)
 
-        p = SamplingParams(max_tokens=conc_tokens, temperature=0.0, ignore_eos=True)
-        hybrid.generate(rand_ids(32, cfg.vocab_size, 0), p)  # warm-up
-        for n in conc:
-            ps = [rand_ids(32, cfg.vocab_size, 100 + i) for i in range(n)]
-            t0 = time.perf_counter()
-            hybrid.generate_batch(ps, p)
-            tps = n * conc_tokens / (time.perf_counter() - t0)
-            results["throughput"].append({"concurrent": n, "tok_s": tps})
-            rows.append([f"throughput tok/s, {n} concurrent x {conc_tokens} tokens", tps, "", ""])
-            print(rows[-1], flush=True)
-        results["structured"], more = structured_rows(hybrid, rand_ids(32, cfg.vocab_size, 7), 2 * n_dec)
+        results |= throughput_rounds(hybrid, cfg.vocab_size, conc, conc_tokens, rounds)
+        for t in results["throughput"]:
+            rows.append(
+                [f"throughput tok/s, {t['concurrent']} concurrent x {conc_tokens} tokens",
+                 fmt_spread(spread(t["rounds"]), ".4g"), "", ""]
+            )  # fmt: skip
+        results["structured"], more = structured_rows(
+            hybrid, rand_ids(32, cfg.vocab_size, 7), 2 * n_dec, rounds
+        )
         rows += more
         print(*more, sep="\n", flush=True)
         hybrid.close()
@@ -424,27 +324,54 @@ def main() -> int:
             ("prefix_reuse", prefix_rows),
             ("prefix_turns", prefix_turn_rows),
         ):
-            new_rows, results[key] = fn(engine, rand_ids, cfg.vocab_size, args.quick)
+            new_rows, results[key] = fn(engine, rand_ids, cfg.vocab_size, args.quick, rounds)
             rows += new_rows
             print(new_rows, flush=True)
-    t = results["throughput"]
-    results["throughput_ratio_32_vs_1"] = t[-1]["tok_s"] / t[0]["tok_s"]
-    rows.append(["throughput ratio 32 / 1 (target >= 8)", results["throughput_ratio_32_vs_1"], "", ""])
+    rows.append(
+        [
+            "throughput ratio 32 / 1, per-round (target >= 8)",
+            fmt_spread(results["throughput_ratio_range"]),
+            "",
+            "",
+        ]
+    )
 
     header = ["measurement", "hybrid LLLM", "pure MLA", "transformers KimiLinear generate"]
     table = markdown_table(header, rows)
     table += (
         f"\n\nCPU, fp32, {torch.get_num_threads()} thread(s), shared machine; tiny-preset shapes, random "
-        f"weights. Decode: ours = model + cache "
-        f"step after a chunked prefill, median of {n_dec} steps, best of 4 round-robin rounds over the "
-        f"contexts; transformers = median gap between tokens inside generate, best of {WINDOWS} windows. "
-        "Prefill and throughput go through the engine."
+        f"weights. Values: median [min, max] over {rounds} alternating rounds (a ratio: of its per-round "
+        f"values); rows marked one sample are measured once. Decode: ours = model + cache step after a "
+        f"chunked prefill, median of {n_dec} steps, best of {WINDOWS} windows; transformers = median gap "
+        f"between tokens inside generate, best of {WINDOWS} windows; each round runs every context on the "
+        "three arms back to back. Prefill and throughput go through the engine."
     )
     name = "serve_quick" if args.quick else "serve"
     write_results(
         name, {"config": cfg.to_dict(), **results}, table, update_readme=not (args.no_readme or args.quick)
     )
     return 0
+
+
+def throughput_rounds(engine: Engine, vocab: int, conc: list[int], n_tokens: int, rounds: int) -> dict:
+    """Generated tok/s with each number of concurrent requests, every count once per round; the
+    ratio of the largest count to one request per round (median, [min, max])."""
+    p = SamplingParams(max_tokens=n_tokens, temperature=0.0, ignore_eos=True)
+    engine.generate(rand_ids(32, vocab, 0), p)  # warm-up
+    per: dict[int, list[float]] = {n: [] for n in conc}
+    for _ in range(rounds):
+        for n in conc:
+            ps = [rand_ids(32, vocab, 100 + i) for i in range(n)]
+            t0 = time.perf_counter()
+            engine.generate_batch(ps, p)
+            per[n].append(n * n_tokens / (time.perf_counter() - t0))
+            print(f"throughput {n} concurrent: {per[n][-1]:.1f} tok/s", flush=True)
+    rng = spread([a / b for a, b in zip(per[conc[-1]], per[conc[0]], strict=True)])
+    return {
+        "throughput": [{"concurrent": n, "tok_s": statistics.median(v), "rounds": v} for n, v in per.items()],
+        "throughput_ratio_32_vs_1": rng["median"],  # conc is [1, 8, 32]
+        "throughput_ratio_range": rng,
+    }
 
 
 if __name__ == "__main__":
