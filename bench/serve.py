@@ -223,13 +223,11 @@ def main() -> int:
         "--compile-model", choices=("tiny", "100m", "kimi300m"), default="tiny", help="--compile-only model"
     )
     ap.add_argument("--first-token-child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument(
-        "--rounds", type=int, default=3, help="alternating rounds of every timed arm (3; --quick: 1)"
-    )
+    ap.add_argument("--rounds", type=int, help="alternating rounds of every timed arm (3; --quick: 1)")
     args = ap.parse_args()
-    if args.rounds < 1:
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    if rounds < 1:
         ap.error("--rounds must be at least 1")
-    rounds = 1 if args.quick else args.rounds
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     ctxs = [512, 2048] if args.quick else [1024, 4096, 16384, 32768]
