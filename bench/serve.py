@@ -251,7 +251,7 @@ def main() -> int:
             "weights (hits and times do not depend on the predictions). Hits: a prompt sharing its first "
             "`p` tokens with a stored 200-token prompt, then differing. Turns: each adds the new tokens and "
             "the previous reply; time to first token through the engine; times are medians [min, max] over "
-            f"{rounds} alternating rounds (each round: a fresh engine without reuse, then one with it)."
+            f"{rounds} alternating rounds (each round: a fresh engine per arm, the arms' order alternating)."
         )
         name = "serve_prefix_quick" if args.quick else "serve_prefix"
         write_results(name, {"config": cfg.to_dict(), **res}, table, update_readme=not args.quick)

@@ -155,6 +155,14 @@ def decode_rounds(hybrid: Engine, mla: Engine, peer, ctxs: list[int], n: int, ro
             got[ctx] = {**row, "peer_ms": pm, "peer_prefill_s": ps}
             print(f"decode round {r} ctx {ctx}:", got[ctx], flush=True)
         per_round.append(got)
+    return combine_decode(per_round, ctxs)
+
+
+def combine_decode(per_round: list[dict[int, dict]], ctxs: list[int]) -> dict:
+    """``decode_rounds``' result from each round's ``{context: {arm ms..., peer_prefill_s}}``: each value's
+    median over rounds, and per arm the per-round last-context / first-context ms ratio (above 1: decode
+    grows with context), its median under ``decode_ratio_last_first`` and [min, max] under
+    ``decode_ratio_range``."""
     keys = ("hybrid_ms", "pure_mla_ms", "peer_ms", "peer_prefill_s")
     rows = [
         {

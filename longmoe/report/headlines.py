@@ -3,7 +3,8 @@ the README's headline table print, each beside the baseline it is read against a
 recorded. One function per section reads that section's JSON layout; ``readme=True`` marks the few
 numbers the README shows.
 
-The headline rules are in ``rules.py``; the CPU side-by-side with llama.cpp is in ``cpu_peer_headlines.py``.
+The headline rules are in ``rules.py``; the CPU side-by-side with llama.cpp is in ``cpu_peer_headlines.py``;
+the serving benchmarks run in rounds (serve, serve_prefix, rollout, load) are in ``serve_headlines.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from longmoe.report import measured
 from longmoe.report.cpu_peer_headlines import cpu_serve
 from longmoe.report.rules import Headline
+from longmoe.report.serve_headlines import load, rollout, serve, serve_prefix
 
 
 def _x(a: float) -> str:
@@ -149,36 +151,6 @@ def _model(d: dict) -> list[Headline]:
             _n(dec["ours_ms"]),
             f"transformers KimiLinear {_n(dec['peer_ms'])} ({_x(dec['peer_ms'] / dec['ours_ms'])})",
             **noise(dec),
-            model=model,
-        ),
-    ]
-
-
-def _serve(d: dict) -> list[Headline]:
-    lo, hi = min(r["context"] for r in d["decode"]), max(r["context"] for r in d["decode"])
-    ratio = d["decode_ratio_last_first"]
-    pr = d["prefix_reuse"]
-    model = measured.tiny_engine_model(d, "bench/serve.py")
-    return [
-        Headline(
-            f"decode cost growth, context {lo:,} → {hi:,} (ms/token ratio)",
-            f"{ratio['hybrid']:.2f}× (hybrid)",
-            f"pure MLA {ratio['pure_mla']:.2f}×, transformers KimiLinear {ratio['peer']:.2f}×",
-            f"{_ONE_SAMPLE}; each context's ms/token the best of 4 rounds (ours) or 3 windows (peer)",
-            model=model,
-        ),
-        Headline(
-            "time to first token, 4096-token shared prefix (s)",
-            f"{pr['on']['ttft_s']:.3f}",
-            f"no prefix reuse {pr['off']['ttft_s']:.2f} ({_x(pr['off']['ttft_s'] / pr['on']['ttft_s'])})",
-            _ONE_SAMPLE,
-            model=model,
-        ),
-        Headline(
-            "throughput, 32 concurrent / 1 request",
-            _x(d["throughput_ratio_32_vs_1"]),
-            "target ≥ 8×",
-            _ONE_SAMPLE,
             model=model,
         ),
     ]
@@ -327,58 +299,6 @@ def _spec(d: dict) -> list[Headline]:
     ]
 
 
-def _serve_prefix(d: dict) -> list[Headline]:
-    on, off = d["turns"]["on"], d["turns"]["off"]
-    model = measured.tiny_engine_model(d, "bench/serve.py")
-    return [
-        Headline(
-            f"chat turn {len(on)} / turn 1 time to first token, prefix reuse on",
-            _x(on[-1] / on[0]),
-            f"no reuse {_x(off[-1] / off[0])}; target ≤ 1.5×",
-            "one sample per arm (no rounds recorded)",
-            model=model,
-        ),
-        Headline(
-            "prefix hit within one 16-token chunk of the shared prefix at every offset 0..64",
-            "yes" if d.get("hit_within_one_chunk_at_every_offset") else "no",
-            "block-aligned hits before (64-token blocks)",
-            "deterministic (token counts, no timing)",
-            model=model,
-            noise_kind="exact",
-        ),
-    ]
-
-
-def _rollout(d: dict) -> list[Headline]:
-    # every episode count, the ones where sessions lose included
-    ns = sorted({r["episodes"] for r in d["rows"] if r["mode"] == "session"})
-    sp = {n: next(r for r in d["rows"] if r["episodes"] == n and r["mode"] == "session") for n in ns}
-    cells = ", ".join(f"{n}: {_x(sp[n]['speedup_vs_reprefill'])}" for n in ns)
-    losing = [n for n in ns if sp[n]["speedup_vs_reprefill"] < 1]
-    return [
-        Headline(
-            "multi-turn rollouts: engine sessions / re-prefill every turn, trajectory tok/s, by episodes",
-            cells,
-            "re-prefill every turn 1.00×; sessions slower at "
-            + (", ".join(str(n) for n in losing) + " episodes" if losing else "no count"),
-            f"{_ONE_SAMPLE} per episode count",
-            model=measured.tiny_engine_model(d, "bench/rollout.py"),
-        )
-    ]
-
-
-def _load(d: dict) -> list[Headline]:
-    return [
-        Headline(
-            f"{d['clients']} concurrent HTTP clients, wall time (s)",
-            f"{d['wall_s']:.2f}",
-            f"one at a time {d['solo_sequential_s']:.1f} ({_x(d['speedup_vs_sequential'])})",
-            f"{_ONE_SAMPLE}; {sum(d['errors'])} errors, {sum(d['mismatches'])} mismatched outputs",
-            model=measured.load_model(d),
-        )
-    ]
-
-
 def _checks(key: str, what: str) -> Callable[[dict], list[Headline]]:
     """A study's tally of confirmed expectations; ``what`` names its models, with the parameter range of
     the runs the file stores."""
@@ -473,19 +393,19 @@ HEADLINES: dict[str, Callable[[dict], list[Headline]]] = {
     "demo": _demo,
     "kda": _kda,
     "model": _model,
-    "serve": _serve,
+    "serve": serve,
     "moe": _moe,
     "packed_attention": _packed_attention,
     "serve_compile": _serve_compile,
     "serve_compile_kimi300m": _serve_compile,
     "serve_compile_100m": _serve_compile,
-    "serve_prefix": _serve_prefix,
+    "serve_prefix": serve_prefix,
     "spec": _spec,
     "cpu_serve": cpu_serve,
     "cpu_serve_15m": cpu_serve,
     "quant": _quant,
-    "rollout": _rollout,
-    "load": _load,
+    "rollout": rollout,
+    "load": load,
     "ablations": _checks("design ablations", "tiny hybrids trained per arm from scratch"),
     "mqar": _checks(
         "associative recall sweep", "M / L / LM / LLLM at d_model 64, trained from scratch on MQAR"

@@ -139,7 +139,7 @@ def test_speculative_headline_is_the_median_over_every_cell_not_the_best():
 
 
 def test_rollout_headline_keeps_the_episode_counts_where_sessions_lose():
-    from longmoe.report.headlines import _rollout
+    from longmoe.report.serve_headlines import rollout as _rollout
 
     rows = [{"mode": m, "episodes": n, "speedup_vs_reprefill": s, "tok_s": 1.0}
             for n, s in ((1, 1.7), (8, 1.2), (32, 0.89)) for m in ("session", "re-prefill")]  # fmt: skip
