@@ -18,19 +18,22 @@ token and where the others first differ. In float64 the modes give the same toke
 
 Reported: trajectory tokens per second (every token of every finished trajectory / wall time),
 generated tokens per second, prompt tokens the engine actually prefilled, and the speed-up of
-sessions over re-prefilling. Model: tiny-preset shapes, random weights, fp32, CPU; the episode
+sessions over re-prefilling, over ``--rounds`` alternating rounds (3; ``--quick``: 1): medians under the
+keys one round writes, every round's values under ``rounds``, the per-round speed-up's median and
+[min, max] under ``speedup_range``. Model: tiny-preset shapes, random weights, fp32, CPU; the episode
 environment accepts any turn (throughput does not depend on what the turns say).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 import warnings
 
 import torch
 
-from bench.common import bench_tokenizer, markdown_table, write_results
+from bench.common import bench_tokenizer, fmt_spread, markdown_table, spread, write_results
 from longmoe.agent.rollout import RolloutConfig, collect
 from longmoe.data.chat import AssistantTurn
 from longmoe.envs.base import StepResult
@@ -124,47 +127,96 @@ def run_mode(
     }
 
 
+def one_round(
+    rnd: int, concurrency: list[int], turns: int, obs_words: int, turn_tokens: int, max_ctx: int
+) -> dict:
+    """Every episode count once, its three modes back to back (their order reversed in odd rounds):
+    ``{(episodes, mode): run}``, each run with its agreement with the session run and its speed-up over
+    re-prefilling in this round."""
+    out: dict = {}
+    order = MODES if rnd % 2 == 0 else MODES[::-1]
+    for n in concurrency:
+        by_mode = {m: run_mode(m, n, turns, obs_words, turn_tokens, max_ctx) for m in order}
+        ref = by_mode["session"]["ids"]
+        base = by_mode["re-prefill"]["tok_s"]
+        for m in MODES:
+            r = by_mode[m]
+            r["same_as_session"] = agreement(ref, r["ids"])
+            r["speedup_vs_reprefill"] = r["tok_s"] / base
+        for m in MODES:
+            by_mode[m].pop("ids")
+            out[(n, m)] = by_mode[m]
+        print(f"round {rnd}, {n} episodes:", {m: round(by_mode[m]["tok_s"], 1) for m in MODES}, flush=True)
+    return out
+
+
+PER_ROUND = ("wall_s", "tok_s", "gen_tok_s", "speedup_vs_reprefill", "tokens", "prefilled")
+
+
+def combine(rounds: list[dict]) -> list[dict]:
+    """One row per (episodes, mode) in the first round's order, as one round wrote it, with the timed
+    values (wall s, tok/s, the speed-up over re-prefilling) replaced by their medians over rounds; token
+    counts and the agreement are the first round's; ``rounds`` keeps every round's values and
+    ``speedup_range`` the per-round speed-up's median and [min, max]."""
+    rows = []
+    for key, first in rounds[0].items():
+        per = [r[key] for r in rounds]
+        row = dict(first)
+        for k in ("wall_s", "tok_s", "gen_tok_s"):
+            row[k] = statistics.median(p[k] for p in per)
+        row["speedup_range"] = spread([p["speedup_vs_reprefill"] for p in per])
+        row["speedup_vs_reprefill"] = row["speedup_range"]["median"]
+        row["rounds"] = [
+            {**{k: p[k] for k in PER_ROUND}, "identical_to_session": p["same_as_session"]["identical"]}
+            for p in per
+        ]
+        rows.append(row)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short episodes, 1 and 8 episodes (a minute)")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README table")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
+    ap.add_argument("--rounds", type=int, help="alternating rounds (3; --quick: 1)")
     args = ap.parse_args()
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    if rounds < 1:
+        ap.error("--rounds must be at least 1")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     turns, obs_words, turn_tokens = (4, 60, 16) if args.quick else (8, 150, 24)
     concurrency = [1, 8] if args.quick else [1, 8, 32]
     max_ctx = 8192
-    rows, results = [], []
     with torch.inference_mode():
-        for n in concurrency:
-            by_mode = {m: run_mode(m, n, turns, obs_words, turn_tokens, max_ctx) for m in MODES}
-            ref = by_mode["session"]["ids"]
-            for m in MODES:
-                by_mode[m]["same_as_session"] = agreement(ref, by_mode[m]["ids"])
-            base = by_mode["re-prefill"]["tok_s"]
-            for m in MODES:
-                r = by_mode[m]
-                r.pop("ids")
-                r["speedup_vs_reprefill"] = r["tok_s"] / base
-                results.append(r)
-                same = r["same_as_session"]
-                agree = f"{same['identical']}/{same['episodes']}"
-                rows.append([n, m, r["tokens"] // n, r["prefilled"], r["wall_s"], r["tok_s"], r["gen_tok_s"],
-                             r["speedup_vs_reprefill"], agree])  # fmt: skip
+        per = [one_round(i, concurrency, turns, obs_words, turn_tokens, max_ctx) for i in range(rounds)]
+    results = combine(per)
+    rows = []
+    for r in results:
+        same = r["same_as_session"]
+        rows.append([r["episodes"], r["mode"], r["tokens"] // r["episodes"], r["prefilled"], r["wall_s"],
+                     fmt_spread(spread([p["tok_s"] for p in r["rounds"]]), ".4g"), r["gen_tok_s"],
+                     fmt_spread(r["speedup_range"]), f"{same['identical']}/{same['episodes']}"])  # fmt: skip
     header = ["episodes", "mode", "tokens/episode", "prefilled tokens", "wall s", "trajectory tok/s",
               "generated tok/s", "× re-prefill", "episodes = session's"]  # fmt: skip
     table = markdown_table(header, rows)
     table += (
         f"\n\n{turns} turns per episode (≤ {turn_tokens} sampled tokens each, observations of {obs_words}"
-        f" words); the last column counts episodes whose tokens equal the session run's (float32 rounding can"
-        f" flip a sampled token; the JSON says where). CPU, fp32, {torch.get_num_threads()} "
-        "thread(s), shared machine; tiny-preset shapes, random weights."
+        f" words); {rounds} alternating rounds (each runs every episode count, its three modes back to back):"
+        " wall s and generated tok/s are medians, trajectory tok/s and × re-prefill median [min, max] over"
+        " rounds (× re-prefill: of the per-round ratio); the last column counts the first round's episodes"
+        " whose tokens equal the session run's (float32 rounding can flip a sampled token; the JSON says"
+        f" where). CPU, fp32, {torch.get_num_threads()} thread(s), shared machine; tiny-preset shapes, random"
+        " weights."
     )
     name = "rollout_quick" if args.quick else "rollout"
     cfg = {"turns": turns, "obs_words": obs_words, "turn_tokens": turn_tokens, "quick": args.quick}
     write_results(
-        name, {"config": cfg, "rows": results}, table, update_readme=not (args.no_readme or args.quick)
+        name,
+        {"config": cfg, "n_rounds": rounds, "rows": results},
+        table,
+        update_readme=not (args.no_readme or args.quick),
     )
     return 0
 
