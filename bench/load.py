@@ -13,7 +13,11 @@ one extra *maximal-stop* request (same length); the table gives the other stream
 both (median over rounds) and their ratio. An extra row of either kind costs the same batch row, so
 the ratio isolates the stop-string work.
 
-    python -m bench.load                  # 32 clients x 32 tokens, then the stop-string rounds
+The concurrent run and the same requests one by one alternate in ``--rounds`` rounds (3), as do the
+stop-string arms: the JSON keeps medians under the keys one round wrote, every round's values under
+``rounds`` and the per-round speed-up's median and [min, max] under ``speedup_range``.
+
+    python -m bench.load                  # 32 clients x 32 tokens, 3 rounds, then the stop-string rounds
     python -m bench.load --clients 8 --max-tokens 8 --stop-tokens 64 --rounds 3
 """
 
@@ -28,7 +32,7 @@ import time
 import httpx
 import torch
 
-from bench.common import bench_tokenizer, markdown_table, write_results
+from bench.common import bench_tokenizer, fmt_spread, markdown_table, spread, write_results
 from longmoe.model import LongMoE
 from longmoe.presets import preset
 from longmoe.serve.api import create_app, serve_in_thread
@@ -110,37 +114,60 @@ async def run_clients(url: str, ps: list[str], max_tokens: int, timeout_s: float
     return [r if isinstance(r, dict) else {"error": f"{type(r).__name__}: {r}"} for r in res]
 
 
-def run(clients: int = 32, max_tokens: int = 32, model: str | None = None, timeout_s: float = 300) -> dict:
+def run(
+    clients: int = 32, max_tokens: int = 32, model: str | None = None, timeout_s: float = 300, rounds: int = 1
+) -> dict:
+    """``rounds`` alternating rounds of the same prompts one at a time (the engine alone) and all at once
+    (streaming clients through the server), their order reversed in odd rounds. Each round's streamed
+    texts are checked against its solo outputs. ``wall_s`` / ``solo_sequential_s`` are medians over rounds,
+    ``speedup_vs_sequential`` the per-round ratio's median (``speedup_range``: its [min, max])."""
     engine = Engine.from_dir(model) if model else random_engine()
     ps = prompts(clients)
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    t0 = time.perf_counter()
-    solo = [engine.generate(p, greedy).text for p in ps]
-    solo_s = time.perf_counter() - t0
     app = create_app(engine, model_name="longmoe", max_requests_per_client=0)  # one address plays N clients
     server, thread, port = serve_in_thread(app)
+    per: list[dict] = []
+    errors: list[str] = []
+    mismatches: set[int] = set()
+    ok: list[dict] = []
     try:
-        t0 = time.perf_counter()
-        res = asyncio.run(run_clients(f"http://127.0.0.1:{port}", ps, max_tokens, timeout_s))
-        wall = time.perf_counter() - t0
+        engine.generate(ps[0], greedy)  # warm-up: round 0's first arm starts warm like the others
+        for r in range(rounds):
+            got: dict = {}
+            for arm in ("solo", "concurrent") if r % 2 == 0 else ("concurrent", "solo"):
+                t0 = time.perf_counter()
+                if arm == "solo":
+                    solo = [engine.generate(p, greedy).text for p in ps]
+                    got["solo_sequential_s"] = time.perf_counter() - t0
+                else:
+                    res = asyncio.run(run_clients(f"http://127.0.0.1:{port}", ps, max_tokens, timeout_s))
+                    got["wall_s"] = time.perf_counter() - t0
+            errors += [x["error"] for x in res if "error" in x]
+            mismatches |= {
+                i for i, (x, s) in enumerate(zip(res, solo, strict=True)) if "text" in x and x["text"] != s
+            }
+            ok += [x for x in res if "text" in x]
+            per.append(got)
+            print(f"load round {r}:", got, flush=True)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
         stats = engine.stats()
         engine.close()
-    errors = [r["error"] for r in res if "error" in r]
-    mismatches = [i for i, (r, s) in enumerate(zip(res, solo, strict=True)) if "text" in r and r["text"] != s]
-    ok = [r for r in res if "text" in r]
+    speedup = spread([g["solo_sequential_s"] / g["wall_s"] for g in per])
     return {
         "clients": clients,
         "max_tokens": max_tokens,
+        "n_rounds": rounds,
         "errors": errors,
-        "mismatches": mismatches,
-        "wall_s": wall,
-        "solo_sequential_s": solo_s,
-        "speedup_vs_sequential": solo_s / wall,
-        "mean_ttft_s": sum(r["ttft_s"] for r in ok) / max(1, len(ok)),
-        "max_total_s": max((r["total_s"] for r in ok), default=float("nan")),
+        "mismatches": sorted(mismatches),
+        "wall_s": statistics.median(g["wall_s"] for g in per),
+        "solo_sequential_s": statistics.median(g["solo_sequential_s"] for g in per),
+        "speedup_vs_sequential": speedup["median"],
+        "speedup_range": speedup,
+        "rounds": per,
+        "mean_ttft_s": sum(x["ttft_s"] for x in ok) / max(1, len(ok)),
+        "max_total_s": max((x["total_s"] for x in ok), default=float("nan")),
         "cache_bytes_after": stats["cache_bytes_in_use"],
         "running_after": stats["running"],
     }
@@ -232,18 +259,28 @@ def main() -> int:
         "--stop-streams", type=int, default=4, help="streams measured beside the stop request (4; 0: skip)"
     )
     ap.add_argument("--stop-tokens", type=int, default=256, help="tokens per stream in the stop rounds (256)")
-    ap.add_argument("--rounds", type=int, default=3, help="stop rounds, each plain + maximal-stop (3)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="alternating rounds: concurrent + one by one, plain + maximal-stop (3)",
+    )
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     torch.set_num_threads(args.threads)
-    r = run(args.clients, args.max_tokens, args.model, args.timeout)
+    r = run(args.clients, args.max_tokens, args.model, args.timeout, args.rounds)
     rows = [
         ["clients", r["clients"]],
         ["tokens per request", r["max_tokens"]],
-        ["errors", len(r["errors"])],
-        ["outputs != solo greedy", len(r["mismatches"])],
-        ["wall s (concurrent)", r["wall_s"]],
-        ["wall s (same requests one by one)", r["solo_sequential_s"]],
-        ["speedup", r["speedup_vs_sequential"]],
+        ["errors (all rounds)", len(r["errors"])],
+        ["outputs != solo greedy (all rounds)", len(r["mismatches"])],
+        ["wall s (concurrent)", fmt_spread(spread([g["wall_s"] for g in r["rounds"]]), ".3g")],
+        [
+            "wall s (same requests one by one)",
+            fmt_spread(spread([g["solo_sequential_s"] for g in r["rounds"]]), ".3g"),
+        ],
+        ["speedup, per-round", fmt_spread(r["speedup_range"])],
         ["mean time to first token s", r["mean_ttft_s"]],
     ]
     if args.stop_streams:
@@ -260,6 +297,10 @@ def main() -> int:
             ["the same ratio in each round", " ".join(f"{x:.2f}" for x in st["round_ratios"])],
         ]
     table = markdown_table(["load test (loopback, streaming)", "value"], rows)
+    table += (
+        f"\n\nValues with a range: median [min, max] over {r['n_rounds']} alternating rounds (a speed-up:"
+        f" of its per-round ratio). CPU, {torch.get_num_threads()} thread(s), shared machine."
+    )
     write_results("load", r, table, update_readme=False)
     for e in r["errors"][:5]:
         print("error:", e)
