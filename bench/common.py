@@ -160,11 +160,6 @@ def range_cell(s: dict, spec: str = ".2f", unit: str = "") -> str:
     return f"{s['median']:{spec}}{unit} [{s['min']:{spec}}, {s['max']:{spec}}]"
 
 
-def fmt_spread(s: dict, f: str = ".2f") -> str:
-    """``median [min, max]`` of a ``spread``."""
-    return range_cell(s, f)
-
-
 def add_rounds_option(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--rounds",

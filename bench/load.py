@@ -32,7 +32,7 @@ import time
 import httpx
 import torch
 
-from bench.common import bench_tokenizer, fmt_spread, markdown_table, spread, write_results
+from bench.common import bench_tokenizer, markdown_table, range_cell, spread, write_results
 from longmoe.model import LongMoE
 from longmoe.presets import preset
 from longmoe.serve.api import create_app, serve_in_thread
@@ -275,12 +275,12 @@ def main() -> int:
         ["tokens per request", r["max_tokens"]],
         ["errors (all rounds)", len(r["errors"])],
         ["outputs != solo greedy (all rounds)", len(r["mismatches"])],
-        ["wall s (concurrent)", fmt_spread(spread([g["wall_s"] for g in r["rounds"]]), ".3g")],
+        ["wall s (concurrent)", range_cell(spread([g["wall_s"] for g in r["rounds"]]), ".3g")],
         [
             "wall s (same requests one by one)",
-            fmt_spread(spread([g["solo_sequential_s"] for g in r["rounds"]]), ".3g"),
+            range_cell(spread([g["solo_sequential_s"] for g in r["rounds"]]), ".3g"),
         ],
-        ["speedup, per-round", fmt_spread(r["speedup_range"])],
+        ["speedup, per-round", range_cell(r["speedup_range"])],
         ["mean time to first token s", r["mean_ttft_s"]],
     ]
     if args.stop_streams:
@@ -294,7 +294,7 @@ def main() -> int:
                 st["ms_per_token_beside_max_stops"],
             ],
             ["ratio (maximal stops / plain), of the medians", st["ratio"]],
-            ["the same ratio per round, median [min, max]", fmt_spread(spread(st["round_ratios"]))],
+            ["the same ratio per round, median [min, max]", range_cell(spread(st["round_ratios"]))],
         ]
     table = markdown_table(["load test (loopback, streaming)", "value"], rows)
     table += (

@@ -33,7 +33,15 @@ import warnings
 
 import torch
 
-from bench.common import bench_tokenizer, fmt_spread, markdown_table, spread, write_results
+from bench.common import (
+    add_rounds_option,
+    bench_tokenizer,
+    markdown_table,
+    range_cell,
+    rounds_arg,
+    spread,
+    write_results,
+)
 from longmoe.agent.rollout import RolloutConfig, collect
 from longmoe.data.chat import AssistantTurn
 from longmoe.envs.base import StepResult
@@ -179,11 +187,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="short episodes, 1 and 8 episodes (a minute)")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README table")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
-    ap.add_argument("--rounds", type=int, help="alternating rounds (3; --quick: 1)")
+    add_rounds_option(ap)
     args = ap.parse_args()
-    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
-    if rounds < 1:
-        ap.error("--rounds must be at least 1")
+    rounds = rounds_arg(ap, args)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     turns, obs_words, turn_tokens = (4, 60, 16) if args.quick else (8, 150, 24)
@@ -196,8 +202,8 @@ def main() -> int:
     for r in results:
         same = r["same_as_session"]
         rows.append([r["episodes"], r["mode"], r["tokens"] // r["episodes"], r["prefilled"], r["wall_s"],
-                     fmt_spread(spread([p["tok_s"] for p in r["rounds"]]), ".4g"), r["gen_tok_s"],
-                     fmt_spread(r["speedup_range"]), f"{same['identical']}/{same['episodes']}"])  # fmt: skip
+                     range_cell(spread([p["tok_s"] for p in r["rounds"]]), ".4g"), r["gen_tok_s"],
+                     range_cell(r["speedup_range"]), f"{same['identical']}/{same['episodes']}"])  # fmt: skip
     header = ["episodes", "mode", "tokens/episode", "prefilled tokens", "wall s", "trajectory tok/s",
               "generated tok/s", "× re-prefill", "episodes = session's"]  # fmt: skip
     table = markdown_table(header, rows)

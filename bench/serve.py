@@ -43,7 +43,15 @@ import warnings
 
 import torch
 
-from bench.common import bench_tokenizer, fmt_spread, markdown_table, spread, write_results
+from bench.common import (
+    add_rounds_option,
+    bench_tokenizer,
+    markdown_table,
+    range_cell,
+    rounds_arg,
+    spread,
+    write_results,
+)
 from bench.serve_decode import WINDOWS, decode_rounds, engine_decode, peer_model, rand_ids
 from bench.serve_fast import prefix_rows, prefix_turn_rows
 from bench.structured import structured_rows
@@ -223,11 +231,9 @@ def main() -> int:
         "--compile-model", choices=("tiny", "100m", "kimi300m"), default="tiny", help="--compile-only model"
     )
     ap.add_argument("--first-token-child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--rounds", type=int, help="alternating rounds of every timed arm (3; --quick: 1)")
+    add_rounds_option(ap)
     args = ap.parse_args()
-    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
-    if rounds < 1:
-        ap.error("--rounds must be at least 1")
+    rounds = rounds_arg(ap, args)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     ctxs = [512, 2048] if args.quick else [1024, 4096, 16384, 32768]
@@ -254,7 +260,9 @@ def main() -> int:
             f"{rounds} alternating rounds (each round: a fresh engine per arm, the arms' order alternating)."
         )
         name = "serve_prefix_quick" if args.quick else "serve_prefix"
-        write_results(name, {"config": cfg.to_dict(), **res}, table, update_readme=not args.quick)
+        write_results(
+            name, {"config": cfg.to_dict(), "n_rounds": rounds, **res}, table, update_readme=not args.quick
+        )
         return 0
     return full_run(cfg, args, rounds, ctxs, n_dec, prefill_T, chunks, conc, conc_tokens)
 
@@ -270,7 +278,7 @@ def full_run(cfg, args, rounds: int, ctxs, n_dec: int, prefill_T: int, chunks, c
         results |= decode_rounds(hybrid, mla, peer, ctxs, n_dec, rounds)
         for r in results["decode"]:
             cells = [
-                fmt_spread(spread([x[k] for x in r["rounds"]]), ".3g")
+                range_cell(spread([x[k] for x in r["rounds"]]), ".3g")
                 for k in ("hybrid_ms", "pure_mla_ms", "peer_ms")
             ]
             rows.append([f"decode ms/token @ ctx {r['context']}", *cells])
@@ -280,7 +288,7 @@ def full_run(cfg, args, rounds: int, ctxs, n_dec: int, prefill_T: int, chunks, c
         rows.append(
             [
                 f"decode ratio ctx {ctxs[-1]} / {ctxs[0]}, per-round (target hybrid <= 1.3)",
-                *(fmt_spread(rng[k]) for k in ("hybrid", "pure_mla", "peer")),
+                *(range_cell(rng[k]) for k in ("hybrid", "pure_mla", "peer")),
             ]
         )
         rows.append(
@@ -306,7 +314,7 @@ def full_run(cfg, args, rounds: int, ctxs, n_dec: int, prefill_T: int, chunks, c
         for t in results["throughput"]:
             rows.append(
                 [f"throughput tok/s, {t['concurrent']} concurrent x {conc_tokens} tokens",
-                 fmt_spread(spread(t["rounds"]), ".4g"), "", ""]
+                 range_cell(spread(t["rounds"]), ".4g"), "", ""]
             )  # fmt: skip
         results["structured"], more = structured_rows(
             hybrid, rand_ids(32, cfg.vocab_size, 7), 2 * n_dec, rounds
@@ -328,7 +336,7 @@ def full_run(cfg, args, rounds: int, ctxs, n_dec: int, prefill_T: int, chunks, c
     rows.append(
         [
             "throughput ratio 32 / 1, per-round (target >= 8)",
-            fmt_spread(results["throughput_ratio_range"]),
+            range_cell(results["throughput_ratio_range"]),
             "",
             "",
         ]

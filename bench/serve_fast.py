@@ -17,7 +17,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from bench.common import fmt_spread, spread
+from bench.common import range_cell, spread
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 
@@ -77,22 +77,22 @@ def prefix_rows(
     group_s = {a: spread([p[a]["group_s"] for p in per]) for a in ("off", "on")}
     head = f"{SHARED}-token shared prefix + {TAIL}"
     rows = [
-        [f"TTFT s, {head}, no prefix reuse", fmt_spread(ttft_s["off"], ".3g"), "", ""],
-        [f"TTFT s, {head}, prefix reuse", fmt_spread(ttft_s["on"], ".3g"), "", ""],
-        ["TTFT speed-up from prefix reuse, per-round", fmt_spread(res["ttft_speedup"]), "", ""],
+        [f"TTFT s, {head}, no prefix reuse", range_cell(ttft_s["off"], ".3g"), "", ""],
+        [f"TTFT s, {head}, prefix reuse", range_cell(ttft_s["on"], ".3g"), "", ""],
+        ["TTFT speed-up from prefix reuse, per-round", range_cell(res["ttft_speedup"]), "", ""],
         [
             f"group of {G} samples of one {SHARED}-token task, s, no reuse",
-            fmt_spread(group_s["off"], ".3g"),
+            range_cell(group_s["off"], ".3g"),
             "",
             "",
         ],
         [
             f"group of {G} samples of one {SHARED}-token task, s, prefix reuse",
-            fmt_spread(group_s["on"], ".3g"),
+            range_cell(group_s["on"], ".3g"),
             "",
             "",
         ],
-        ["group speed-up from prefix reuse, per-round", fmt_spread(res["group_speedup"]), "", ""],
+        ["group speed-up from prefix reuse, per-round", range_cell(res["group_speedup"]), "", ""],
     ]
     return rows, res
 
@@ -163,12 +163,12 @@ def prefix_turn_rows(
     res["last_over_first"] = res["last_over_first_range"]["median"]
     rows.append(
         [f"TTFT turn {n_turns} / turn 1 with prefix reuse, per-round (target <= 1.5)",
-         fmt_spread(res["last_over_first_range"]), "", ""]
+         range_cell(res["last_over_first_range"]), "", ""]
     )  # fmt: skip
     rows.append(
         [
             f"TTFT turn {n_turns} / turn 1 without reuse, per-round",
-            fmt_spread(res["off_last_over_first_range"]),
+            range_cell(res["off_last_over_first_range"]),
             "",
             "",
         ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from bench.common import fmt_spread, spread
+from bench.common import range_cell, spread
 from longmoe.serve.engine import Engine
 from longmoe.serve.sampling import SamplingParams
 from longmoe.serve.structured import JsonFormat, JsonGrammars
@@ -52,11 +52,11 @@ def structured_rows(engine: Engine, prompt: list[int], n: int, rounds: int = 3) 
     per = [{"unconstrained_ms": f, "json_schema_ms": j} for f, j in zip(ms_free, ms_json, strict=True)]
     res = {"unconstrained_ms": a, "json_schema_ms": b, "overhead": over["median"], "overhead_range": over,
            "rounds": per, "compile_ms": compile_ms, "tokenizer_info_ms": setup_ms}  # fmt: skip
-    free_s, json_s = fmt_spread(spread(ms_free), ".3g"), fmt_spread(spread(ms_json), ".3g")
+    free_s, json_s = range_cell(spread(ms_free), ".3g"), range_cell(spread(ms_json), ".3g")
     rows = [
         [f"decode ms/token, sampled, unconstrained ({n} tokens)", free_s, "", ""],
         [f"decode ms/token, sampled, json_schema grammar ({n} tokens)", json_s, "", ""],
-        ["structured / unconstrained decode, per-round", fmt_spread(over), "", ""],
+        ["structured / unconstrained decode, per-round", range_cell(over), "", ""],
         ["grammar setup ms (tokenizer info) / compile ms (one schema; then cached)",
          f"{setup_ms:.1f} / {compile_ms:.1f}", "", ""],
     ]  # fmt: skip

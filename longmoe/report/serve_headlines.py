@@ -17,12 +17,12 @@ def _x(a: float) -> str:
     return f"{a:.2f}×" if a < 10 else f"{a:.1f}×"
 
 
-def _range(s: dict | None, what: str, fallback: str) -> dict:
-    """A headline's noise: ``what`` [min, max] over the rounds of the spread ``s``, or ``fallback``
-    (a one-sample file's text) where the file has no rounds."""
+def _range(s: dict | None, d: dict, what: str, fallback: str) -> dict:
+    """A headline's noise: ``what`` [min, max] of the spread ``s`` over the file ``d``'s ``n_rounds``
+    rounds, or ``fallback`` (a one-sample file's text) where the file has no rounds."""
     if not s:
         return {"noise": fallback}
-    n = len(s["rounds"])
+    n = d["n_rounds"]
     return {
         "noise": f"{what} [{s['min']:.2f}, {s['max']:.2f}] ({n} alternating rounds)",
         "noise_kind": "range",
@@ -37,6 +37,7 @@ def serve(d: dict) -> list[Headline]:
     rng = d.get("decode_ratio_range") or {}
     hybrid_noise = _range(
         rng.get("hybrid"),
+        d,
         "hybrid per-round ratios",
         f"{ONE_SAMPLE}; each context's ms/token the best of 4 rounds (ours) or 3 windows (peer)",
     )
@@ -59,14 +60,14 @@ def serve(d: dict) -> list[Headline]:
             "time to first token, 4096-token shared prefix (s)",
             f"{on:.3f}",
             f"no prefix reuse {off:.2f} ({_x(speedup)})",
-            **_range(pr.get("ttft_speedup"), "per-round speed-ups", ONE_SAMPLE),
+            **_range(pr.get("ttft_speedup"), d, "per-round speed-ups", ONE_SAMPLE),
             model=model,
         ),
         Headline(
             "throughput, 32 concurrent / 1 request",
             _x(d["throughput_ratio_32_vs_1"]),
             "target ≥ 8×",
-            **_range(d.get("throughput_ratio_range"), "per-round ratios", ONE_SAMPLE),
+            **_range(d.get("throughput_ratio_range"), d, "per-round ratios", ONE_SAMPLE),
             model=model,
         ),
     ]
@@ -84,7 +85,10 @@ def serve_prefix(d: dict) -> list[Headline]:
             _x(d["last_over_first"]),
             f"no reuse {_x(off_ratio)}; target ≤ 1.5×",
             **_range(
-                d.get("last_over_first_range"), "per-round ratios", "one sample per arm (no rounds recorded)"
+                d.get("last_over_first_range"),
+                d,
+                "per-round ratios",
+                "one sample per arm (no rounds recorded)",
             ),
             model=model,
         ),
@@ -111,7 +115,7 @@ def rollout(d: dict) -> list[Headline]:
         )
         noise = {
             "noise": f"per-round speed-ups [min, max] per episode count, shown in the value "
-            f"({len(sp[ns[0]]['speedup_range']['rounds'])} alternating rounds)",
+            f"({d['n_rounds']} alternating rounds)",
             "noise_kind": "range",
         }
     else:
@@ -132,7 +136,7 @@ def rollout(d: dict) -> list[Headline]:
 def load(d: dict) -> list[Headline]:
     checks = f"{len(d['errors'])} errors, {len(d['mismatches'])} mismatched outputs"
     s = d.get("speedup_range")
-    noise = _range(s, "per-round speed-ups", f"{ONE_SAMPLE}; {checks}")
+    noise = _range(s, d, "per-round speed-ups", f"{ONE_SAMPLE}; {checks}")
     if s:
         noise["noise"] += f"; {checks} over all rounds"
     return [

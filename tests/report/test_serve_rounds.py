@@ -5,17 +5,17 @@ with its one-sample text."""
 
 from __future__ import annotations
 
-from bench.common import fmt_spread, spread
+from bench.common import range_cell, spread
 from bench.rollout import combine as rollout_combine
 from bench.serve_decode import combine_decode
 from longmoe.report.rules import violations
 from longmoe.report.serve_headlines import load, rollout, serve, serve_prefix
 
 
-def test_spread_is_the_median_and_range_over_rounds_with_each_round_kept():
+def test_spread_is_the_median_and_range_over_rounds():
     s = spread([1.5, 1.1, 1.2])
-    assert s == {"median": 1.2, "min": 1.1, "max": 1.5, "rounds": [1.5, 1.1, 1.2]}
-    assert fmt_spread(s) == "1.20 [1.10, 1.50]"
+    assert s == {"median": 1.2, "min": 1.1, "max": 1.5}
+    assert range_cell(s) == "1.20 [1.10, 1.50]"
 
 
 def _decode_round(h1: float, h2: float) -> dict[int, dict]:
@@ -61,8 +61,8 @@ def test_rollout_speedup_is_sessions_over_reprefill_per_round_in_the_cited_row_o
     assert rows[2]["speedup_vs_reprefill"] == 1.0
 
 
-def _range(m: float, lo: float, hi: float, n: int = 3) -> dict:
-    return {"median": m, "min": lo, "max": hi, "rounds": [lo, m, hi][:n]}
+def _range(m: float, lo: float, hi: float) -> dict:
+    return {"median": m, "min": lo, "max": hi}
 
 
 SERVE_OLD = {
@@ -74,6 +74,7 @@ SERVE_OLD = {
 }
 SERVE_NEW = {
     **SERVE_OLD,
+    "n_rounds": 3,
     "decode_ratio_range": {
         "hybrid": _range(1.13, 1.05, 1.2),
         "pure_mla": _range(1.83, 1.7, 1.9),
@@ -108,6 +109,7 @@ def test_chat_turn_headline_range_and_old_file():
     assert h.noise_kind == "" and "no rounds recorded" in h.noise and "no reuse 8.00×" in h.baseline
     new = {
         **old,
+        "n_rounds": 3,
         "last_over_first_range": _range(1.33, 1.2, 1.4),
         "off_last_over_first_range": _range(7.5, 7, 8),
     }
@@ -119,7 +121,7 @@ def test_chat_turn_headline_range_and_old_file():
 def test_rollout_headline_prints_each_episode_counts_range_over_rounds():
     rows = [{"mode": m, "episodes": n, "speedup_vs_reprefill": x, "speedup_range": _range(x, x - 0.2, x + .1)}
             for n, x in ((1, 1.7), (32, 0.89)) for m in ("session", "re-prefill")]  # fmt: skip
-    [h] = rollout({"rows": rows})
+    [h] = rollout({"rows": rows, "n_rounds": 3})
     assert (
         "32: 0.89× [0.69, 0.99]" in h.value and h.noise_kind == "range" and "3 alternating rounds" in h.noise
     )
@@ -131,7 +133,7 @@ def test_load_headline_range_and_old_file():
            "errors": [], "mismatches": []}  # fmt: skip
     [h] = load(old)
     assert h.noise_kind == "" and "one sample" in h.noise and "0 errors" in h.noise
-    [h] = load({**old, "speedup_range": _range(10.0, 9.0, 11.0), "errors": ["HTTP 500"]})
+    [h] = load({**old, "n_rounds": 3, "speedup_range": _range(10.0, 9.0, 11.0), "errors": ["HTTP 500"]})
     assert (
         h.noise_kind == "range"
         and "[9.00, 11.00] (3 alternating rounds)" in h.noise
