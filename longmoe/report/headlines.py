@@ -15,31 +15,15 @@ from collections.abc import Callable
 
 from longmoe.report import measured
 from longmoe.report.cpu_peer_headlines import cpu_serve
-from longmoe.report.rules import Headline
+from longmoe.report.rules import ONE_SAMPLE, Headline, round_range, x_ratio
 from longmoe.report.serve_headlines import load, rollout, serve, serve_prefix
-
-
-def _x(a: float) -> str:
-    return f"{a:.2f}×" if a < 10 else f"{a:.1f}×"
 
 
 def _n(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
-# the honest noise of a number the file holds once (written before its script ran rounds)
-_ONE_SAMPLE = "one sample (no rounds recorded)"
-_ONE_PASS = f"{_ONE_SAMPLE}; each time the median of up to 3 repetitions, which the file does not keep"
-
-
-def _round_range(d: dict, s: dict, spec: str = ".2f", over: str = "") -> dict:
-    """The noise of a ratio measured in every alternating round (a file with ``n_rounds``): the per-round
-    values' [min, max], ``s`` a ``bench.common.spread``."""
-    return {
-        "noise": f"per-round speed-ups [{s['min']:{spec}}, {s['max']:{spec}}]{over} "
-        f"({d['n_rounds']} alternating rounds)",
-        "noise_kind": "range",
-    }
+_ONE_PASS = f"{ONE_SAMPLE}; each time the median of up to 3 repetitions, which the file does not keep"
 
 
 def _demo(d: dict) -> list[Headline]:
@@ -101,19 +85,19 @@ def _kda(d: dict) -> list[Headline]:
     model = measured.kda_model(d)
     if "n_rounds" in d:  # speedup_fwd: the per-round ratio's median; its [min, max] beside it
         ratio = big["speedup_fwd"][peer]
-        noise = _round_range(d, big["speedup_fwd_range"][peer])
+        noise = round_range(d, big["speedup_fwd_range"][peer])
         ranges = [r["speedup_fwd_range"][gate] for r in gated]
         lo, hi = min(s["min"] for s in ranges), max(s["max"] for s in ranges)
-        gate_noise = _round_range(d, {"min": lo, "max": hi}, ".1f", " at every T")
+        gate_noise = round_range(d, {"min": lo, "max": hi}, spec=".1f", over=" at every T")
     else:
         ratio = big["fwd_s"][peer] / big["fwd_s"]["longmoe"]
-        noise = {"noise": _ONE_SAMPLE}
-        gate_noise = {"noise": f"{_ONE_SAMPLE} per T; the value's range is over T, not rounds"}
+        noise = {"noise": ONE_SAMPLE}
+        gate_noise = {"noise": f"{ONE_SAMPLE} per T; the value's range is over T, not rounds"}
     return [
         Headline(
             f"KDA operator forward, T = {big['T']:,} fp32 (ms)",
             _n(big["fwd_s"]["longmoe"] * 1e3),
-            f"{peer} (its faster chunk size here) {_n(big['fwd_s'][peer] * 1e3)} ({_x(ratio)} faster)",
+            f"{peer} (its faster chunk size here) {_n(big['fwd_s'][peer] * 1e3)} ({x_ratio(ratio)} faster)",
             **noise,
             model=model,
         ),
@@ -135,21 +119,21 @@ def _model(d: dict) -> list[Headline]:
 
     def noise(row: dict) -> dict:
         if "speedup" not in row:  # written before bench.model ran rounds
-            return {"noise": _ONE_SAMPLE}
-        return _round_range(d, row["speedup"])
+            return {"noise": ONE_SAMPLE}
+        return round_range(d, row["speedup"])
 
     return [
         Headline(
             f"whole-model training fwd+bwd, T = {t['T']:,} (tok/s)",
             _n(t["ours_tok_s"]),
-            f"transformers KimiLinear {_n(t['peer_tok_s'])} ({_x(t['ours_tok_s'] / t['peer_tok_s'])})",
+            f"transformers KimiLinear {_n(t['peer_tok_s'])} ({x_ratio(t['ours_tok_s'] / t['peer_tok_s'])})",
             **noise(t),
             model=model,
         ),
         Headline(
             f"decode at context {dec['context']:,} (ms/token)",
             _n(dec["ours_ms"]),
-            f"transformers KimiLinear {_n(dec['peer_ms'])} ({_x(dec['peer_ms'] / dec['ours_ms'])})",
+            f"transformers KimiLinear {_n(dec['peer_ms'])} ({x_ratio(dec['peer_ms'] / dec['ours_ms'])})",
             **noise(dec),
             model=model,
         ),
@@ -167,7 +151,7 @@ def _moe(d: dict) -> list[Headline]:
     if "n_rounds" in d:  # bench/moe.py's ratios: each speed-up's per-round median and [min, max]
         vs = next(r for r in d["ratios"] if (r["E"], r["dtype"], r["α"]) == (e, "float32", 1))
         s = vs["speed-up vs transformers grouped_mm"]["fwd+bwd s"]
-        ratio, noise = s["median"], _round_range(d, s)
+        ratio, noise = s["median"], round_range(d, s)
     else:
         ratio = peer["fwd+bwd s"] / ours["fwd+bwd s"]
         noise = {"noise": _ONE_PASS}
@@ -175,7 +159,7 @@ def _moe(d: dict) -> list[Headline]:
         Headline(
             f"MoE layer fwd+bwd, E = {e}, {MOE_TOKENS} tokens, fp32 (s)",
             f"{ours['fwd+bwd s']:.3f} ({ours['fwd+bwd/roof']:.0%} of torch.mm peak)",
-            f"transformers grouped_mm {peer['fwd+bwd s']:.3f} ({_x(ratio)})",
+            f"transformers grouped_mm {peer['fwd+bwd s']:.3f} ({x_ratio(ratio)})",
             **noise,
             model=measured.moe_model(e, MOE_TOKENS),
         )
@@ -188,7 +172,7 @@ def _packed_attention(d: dict) -> list[Headline]:
     full = next(r for r in d["rows"] if r["T"] == t and r["impl"] == "full mask")
     if "n_rounds" in d:  # bench/packed_attention.py: the per-round speed-up's median and [min, max]
         s = ours["fwdbwd_speedup_vs_full_mask_range"]
-        ratio, noise = s["median"], _round_range(d, s)
+        ratio, noise = s["median"], round_range(d, s)
     else:
         ratio = full["fwdbwd_s"] / ours["fwdbwd_s"]
         noise = {"noise": _ONE_PASS}
@@ -196,7 +180,7 @@ def _packed_attention(d: dict) -> list[Headline]:
         Headline(
             f"packed causal attention fwd+bwd, T = {t:,}, {ours['n_docs']} documents (s)",
             f"{ours['fwdbwd_s']:.3f}",
-            f"full mask {full['fwdbwd_s']:.2f} ({_x(ratio)})",
+            f"full mask {full['fwdbwd_s']:.2f} ({x_ratio(ratio)})",
             **noise,
             model=measured.packed_attention_model(ours),
         )
@@ -254,7 +238,7 @@ def _serve_compile(d: dict) -> list[Headline]:
         Headline(
             f"compiled engine decode, batch 1, context {c['context']:,}, {model.split(',')[0]} (ms/token)",
             _n(c["compiled_ms"]),
-            f"eager {_n(c['eager_ms'])}; median per-round speed-up {_x(statistics.median(rounds))}",
+            f"eager {_n(c['eager_ms'])}; median per-round speed-up {x_ratio(statistics.median(rounds))}",
             f"per-round speed-ups [{min(rounds):.2f}, {max(rounds):.2f}] ({len(rounds)} alternating rounds)",
             readme=name == PRE_REGISTERED_COMPILE_MODEL,
             model=model,
@@ -288,7 +272,7 @@ def _spec(d: dict) -> list[Headline]:
     return [
         Headline(
             f"speculative decoding: median speed-up over all {len(meds)} draft x k x batch cells",
-            f"{_x(statistics.median(meds))}",
+            f"{x_ratio(statistics.median(meds))}",
             f"no speculation 1.00×; {wins} of {len(meds)} cells faster",
             f"cells' median speed-ups [{meds[0]:.2f}, {meds[-1]:.2f}] (each the median of {d['rounds']} "
             "alternating rounds)",

@@ -30,6 +30,29 @@ class Headline:
 
 NOISE_KINDS = ("range", "interval", "exact")
 
+# the honest noise of a number the file holds once (written before its script ran rounds)
+ONE_SAMPLE = "one sample (no rounds recorded)"
+
+
+def x_ratio(a: float) -> str:
+    """A ratio as headlines print it: 2.25×, 14.9×."""
+    return f"{a:.2f}×" if a < 10 else f"{a:.1f}×"
+
+
+def round_range(
+    d: dict, s: dict | None, what: str = "per-round speed-ups", fallback: str = ONE_SAMPLE, spec: str = ".2f",
+    over: str = "",
+) -> dict:  # fmt: skip
+    """A headline's noise (``Headline`` keywords): ``what`` [min, max] of the spread ``s`` (a
+    ``bench.common.spread``) over the file ``d``'s ``n_rounds`` alternating rounds, or ``fallback`` where
+    the file has no rounds (``s`` empty)."""
+    if not s:
+        return {"noise": fallback}
+    return {
+        "noise": f"{what} [{s['min']:{spec}}, {s['max']:{spec}}]{over} ({d['n_rounds']} alternating rounds)",
+        "noise_kind": "range",
+    }
+
 
 def violations(h: Headline) -> list[str]:
     """The headline rules a README headline breaks (empty for a report-card-only one)."""

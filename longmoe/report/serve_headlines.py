@@ -8,25 +8,7 @@ number of rounds (``noise_kind="range"``); a file from before (one sample per nu
 from __future__ import annotations
 
 from longmoe.report import measured
-from longmoe.report.rules import Headline
-
-ONE_SAMPLE = "one sample (no rounds recorded)"
-
-
-def _x(a: float) -> str:
-    return f"{a:.2f}×" if a < 10 else f"{a:.1f}×"
-
-
-def _range(s: dict | None, d: dict, what: str, fallback: str) -> dict:
-    """A headline's noise: ``what`` [min, max] of the spread ``s`` over the file ``d``'s ``n_rounds``
-    rounds, or ``fallback`` (a one-sample file's text) where the file has no rounds."""
-    if not s:
-        return {"noise": fallback}
-    n = d["n_rounds"]
-    return {
-        "noise": f"{what} [{s['min']:.2f}, {s['max']:.2f}] ({n} alternating rounds)",
-        "noise_kind": "range",
-    }
+from longmoe.report.rules import ONE_SAMPLE, Headline, round_range, x_ratio
 
 
 def serve(d: dict) -> list[Headline]:
@@ -35,9 +17,9 @@ def serve(d: dict) -> list[Headline]:
     pr = d["prefix_reuse"]
     model = measured.tiny_engine_model(d, "bench/serve.py")
     rng = d.get("decode_ratio_range") or {}
-    hybrid_noise = _range(
-        rng.get("hybrid"),
+    hybrid_noise = round_range(
         d,
+        rng.get("hybrid"),
         "hybrid per-round ratios",
         f"{ONE_SAMPLE}; each context's ms/token the best of 4 rounds (ours) or 3 windows (peer)",
     )
@@ -59,15 +41,15 @@ def serve(d: dict) -> list[Headline]:
         Headline(
             "time to first token, 4096-token shared prefix (s)",
             f"{on:.3f}",
-            f"no prefix reuse {off:.2f} ({_x(speedup)})",
-            **_range(pr.get("ttft_speedup"), d, "per-round speed-ups", ONE_SAMPLE),
+            f"no prefix reuse {off:.2f} ({x_ratio(speedup)})",
+            **round_range(d, pr.get("ttft_speedup"), "per-round speed-ups", ONE_SAMPLE),
             model=model,
         ),
         Headline(
             "throughput, 32 concurrent / 1 request",
-            _x(d["throughput_ratio_32_vs_1"]),
+            x_ratio(d["throughput_ratio_32_vs_1"]),
             "target ≥ 8×",
-            **_range(d.get("throughput_ratio_range"), d, "per-round ratios", ONE_SAMPLE),
+            **round_range(d, d.get("throughput_ratio_range"), "per-round ratios", ONE_SAMPLE),
             model=model,
         ),
     ]
@@ -82,11 +64,11 @@ def serve_prefix(d: dict) -> list[Headline]:
     return [
         Headline(
             f"chat turn {len(on)} / turn 1 time to first token, prefix reuse on",
-            _x(d["last_over_first"]),
-            f"no reuse {_x(off_ratio)}; target ≤ 1.5×",
-            **_range(
-                d.get("last_over_first_range"),
+            x_ratio(d["last_over_first"]),
+            f"no reuse {x_ratio(off_ratio)}; target ≤ 1.5×",
+            **round_range(
                 d,
+                d.get("last_over_first_range"),
                 "per-round ratios",
                 "one sample per arm (no rounds recorded)",
             ),
@@ -110,7 +92,7 @@ def rollout(d: dict) -> list[Headline]:
     losing = [n for n in ns if sp[n]["speedup_vs_reprefill"] < 1]
     if all("speedup_range" in sp[n] for n in ns):
         cells = ", ".join(
-            f"{n}: {_x(s['median'])} [{s['min']:.2f}, {s['max']:.2f}]"
+            f"{n}: {x_ratio(s['median'])} [{s['min']:.2f}, {s['max']:.2f}]"
             for n, s in ((n, sp[n]["speedup_range"]) for n in ns)
         )
         noise = {
@@ -119,7 +101,7 @@ def rollout(d: dict) -> list[Headline]:
             "noise_kind": "range",
         }
     else:
-        cells = ", ".join(f"{n}: {_x(sp[n]['speedup_vs_reprefill'])}" for n in ns)
+        cells = ", ".join(f"{n}: {x_ratio(sp[n]['speedup_vs_reprefill'])}" for n in ns)
         noise = {"noise": f"{ONE_SAMPLE} per episode count"}
     return [
         Headline(
@@ -136,14 +118,14 @@ def rollout(d: dict) -> list[Headline]:
 def load(d: dict) -> list[Headline]:
     checks = f"{len(d['errors'])} errors, {len(d['mismatches'])} mismatched outputs"
     s = d.get("speedup_range")
-    noise = _range(s, d, "per-round speed-ups", f"{ONE_SAMPLE}; {checks}")
+    noise = round_range(d, s, "per-round speed-ups", f"{ONE_SAMPLE}; {checks}")
     if s:
         noise["noise"] += f"; {checks} over all rounds"
     return [
         Headline(
             f"{d['clients']} concurrent HTTP clients, wall time (s)",
             f"{d['wall_s']:.2f}",
-            f"one at a time {d['solo_sequential_s']:.1f} ({_x(d['speedup_vs_sequential'])})",
+            f"one at a time {d['solo_sequential_s']:.1f} ({x_ratio(d['speedup_vs_sequential'])})",
             **noise,
             model=measured.load_model(d),
         )
