@@ -10,7 +10,8 @@ docs/*.md is *covered* when it is
   number after the one occurrence of ``#"text"``), KEY a dotted path into it (list items by index; a
   part holding dots, spaces or slashes is double-quoted, ``rows.9."fwd+bwd s"``; ``KEY*1000`` scales the
   value, e.g. seconds to ms; ``KEY / KEY`` is the ratio of two values of the same file, e.g. a speed-up;
-  a number printed with ``%`` reads a fraction, so the value is multiplied by 100). The citation
+  a number printed with ``%`` reads a fraction, so the value is multiplied by 100; ``min:KEY`` /
+  ``max:KEY`` with ``[]`` for every item of a list cite a range's ends over rows). The citation
   resolves and the printed number equals the value at the printed precision.
 
 A number of any form (no unit, ``7.6e-06``) directly before a citation, only spaces or ``*`` between, is
@@ -156,6 +157,10 @@ def scan(text: str, doc: str) -> list[Found]:
             if (b := direct.get(c.start())) is not None:
                 text = line[b.start() : b.end("unit") if b["unit"] else b.end("num")]
                 found.append(Found(doc, i, text, _before(line, b.start()), c, b.start()))
+        claimed = {f.cite.start() for f in found if f.cite is not None}
+        for c in cites:  # a citation that covers no number checks nothing: ``check_citation`` fails it
+            if c.start() not in claimed:
+                found.append(Found(doc, i, "", _before(line, c.start()), c, c.start()))
         out.extend(sorted(found, key=lambda f: f.column))
     return out
 
@@ -185,23 +190,44 @@ def resolve_markdown(path: str, text: str, key: str) -> float:
     return float(m.group().replace(",", "").replace("−", "-"))
 
 
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
 def resolve(path: str, key: str, root: Path = ROOT) -> float:
     """The number at ``key`` (dotted; list indices as integers; quoted parts) in the JSON file ``path``,
-    or after the anchor ``key`` in the markdown file ``path`` (``resolve_markdown``)."""
+    or after the anchor ``key`` in the markdown file ``path`` (``resolve_markdown``).
+
+    A range over rows cites its ends as ``min:KEY`` and ``max:KEY`` with ``[]`` for "every item of this
+    list" (``min:results.[].speedup_fwd."x"``): the ends follow the file when a rerun moves them to
+    other rows; rows without the key are skipped."""
     f = root / path
     if not f.is_file():
         raise ValueError(f"{path}: no such file")
     if f.suffix == ".md":
         return resolve_markdown(path, f.read_text(), key)
-    node = json.loads(f.read_text())
-    for part in key_parts(key):
-        try:
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        except (KeyError, IndexError, ValueError, TypeError):
-            raise ValueError(f"{path}#{key}: no {part!r} there") from None
-    if not isinstance(node, int | float) or isinstance(node, bool):
-        raise ValueError(f"{path}#{key}: not a number ({type(node).__name__})")
-    return float(node)
+    agg, _, rest = key.partition(":") if key.startswith(("min:", "max:")) else ("", "", key)
+    nodes = [json.loads(f.read_text())]
+    for part in key_parts(rest):
+        found = []
+        for node in nodes:
+            if part == "[]" and agg and isinstance(node, list):
+                found.extend(node)
+                continue
+            try:
+                found.append(node[int(part)] if isinstance(node, list) else node[part])
+            except (KeyError, IndexError, ValueError, TypeError):
+                if not agg:
+                    raise ValueError(f"{path}#{key}: no {part!r} there") from None
+        nodes = found
+    if agg:
+        values = [float(v) for v in nodes if _is_number(v)]
+        if not values:
+            raise ValueError(f"{path}#{key}: no number at any row")
+        return min(values) if agg == "min" else max(values)
+    if not _is_number(nodes[0]):
+        raise ValueError(f"{path}#{key}: not a number ({type(nodes[0]).__name__})")
+    return float(nodes[0])
 
 
 def cited_value(f: Found, root: Path = ROOT) -> float:
@@ -233,6 +259,8 @@ def reprint(value: float, f: Found) -> str:
 
 def check_citation(f: Found, root: Path = ROOT) -> str | None:
     """None when the cited value, printed at the document's precision, is the printed number."""
+    if not f.text:
+        return f"{f.doc}:{f.line}: a citation covers no number (put it right after the number it backs)"
     printed, decimals = printed_number(f)
     try:
         value = cited_value(f, root)
@@ -259,7 +287,7 @@ def refresh(text: str, doc: str, root: Path = ROOT) -> tuple[str, list[str]]:
     lines = text.splitlines(keepends=True)
     changes: list[str] = []
     for f in reversed(scan(text, doc)):  # right to left: earlier columns stay valid
-        if f.cite is None or check_citation(f, root) is None:
+        if f.cite is None or not f.text or check_citation(f, root) is None:
             continue
         try:
             value = cited_value(f, root)

@@ -194,3 +194,28 @@ def test_a_citation_checks_the_number_before_it_with_or_without_a_unit(tmp_path)
     new, changes = docnumbers.refresh(text, "x.md", tmp_path)
     assert "reads 5.8 <!--" in new and "KL 7.60e-06 <!--" in new and len(changes) == 2
     assert all(docnumbers.check_citation(f, tmp_path) is None for f in docnumbers.scan(new, "x.md") if f.cite)
+
+
+def test_a_range_over_rows_cites_its_ends_and_follows_the_file_when_they_move(tmp_path):
+    res = {"results": [{"s": {"a": 1.9}}, {"s": {"a": 2.5}}, {"s": {}}, {"s": {"a": 2.1}}]}
+    text = (
+        "1.9 <!-- from: r.json#min:results.[].s.a -->–2.5× <!-- from: r.json#max:results.[].s.a --> faster\n"
+    )
+    found = _doc(tmp_path, res, text)
+    assert [f.text for f in found] == ["1.9", "2.5×"]
+    assert all(docnumbers.check_citation(f, tmp_path) is None for f in found)
+    res["results"][2]["s"]["a"] = 3.0  # a rerun moves the top end to another row
+    (tmp_path / "r.json").write_text(json.dumps(res))
+    new, changes = docnumbers.refresh(text, "x.md", tmp_path)
+    assert "–3.0× <!--" in new and len(changes) == 1
+    [bad] = _doc(tmp_path, res, "2.0× <!-- from: r.json#max:results.[].s.zz -->\n")
+    assert "no number at any row" in docnumbers.check_citation(bad, tmp_path)
+    [plain] = _doc(tmp_path, res, "2.0× <!-- from: r.json#results.[].s.a -->\n")  # [] only with min:/max:
+    assert "no '[]' there" in docnumbers.check_citation(plain, tmp_path)
+
+
+def test_a_citation_that_covers_no_number_fails():
+    """'[3.34, 3.73] <!-- from -->': the bracket stops the citation reaching 3.73: it would check nothing."""
+    found = docnumbers.scan("range [3.34, 3.73] <!-- from: r.json#a --> per round\n", "x.md")
+    [orphan] = [f for f in found if f.cite is not None]
+    assert "covers no number" in docnumbers.check_citation(orphan)
