@@ -329,6 +329,7 @@ def prefill_table(res: dict) -> str:
         "held after (trimmed) MB",
         "prefix snapshots MB",
         "inspect cache MB (bf16 / fp32)",
+        "run (threads)",
     ]
     rows = []
     for n, r in res["rows"].items():
@@ -347,6 +348,7 @@ def prefill_table(res: dict) -> str:
                 f"{r['prefix']['prefix_snapshot_bytes'] / 1e6:.1f}" if "prefix" in r else "off",
                 f"{r['predicted_cache_bytes_bf16'] / 1e6:.1f} / "
                 f"{r['predicted_cache_bytes_run_dtype'] / 1e6:.1f}",
+                f"{_run(r, res)} ({(r.get('provenance') or res['provenance']).get('threads', '?')})",
             ]
         )
     return markdown_table(header, rows)
@@ -472,7 +474,8 @@ def http_table(res: dict) -> str:
 
 
 def _run(row: dict, part: dict) -> str:
-    """Which run measured a row (rows of one table may come from separate runs): commit and date."""
+    """Which run measured a row (rows of one table may come from separate runs, at other thread counts):
+    commit and date."""
     p = row.get("provenance") or part.get("provenance") or {}
     return f"{p['commit']}, {p['date']}" if p else "not recorded"
 
@@ -569,8 +572,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if "prefill" in res:
         tables.append(
-            "Prefill through `Engine` (prompt of random ids, prefill_chunk 4096), "
-            f"{res['prefill']['threads']} threads under contention:\n\n" + prefill_table(res["prefill"])
+            "Prefill through `Engine` (prompt of random ids, prefill_chunk 4096), under contention; each "
+            "row's run and thread count in its last column:\n\n" + prefill_table(res["prefill"])
         )
     if "prefill_prefix_cache" in res:
         tables.append(
