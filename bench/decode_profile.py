@@ -31,7 +31,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.common import markdown_table, write_results
-from bench.long_context import K, load, spread, synth_cache, tiny_model
+from bench.long_context import synth_cache
+from bench.long_context_base import K, load, spread, tiny_model
 from longmoe import model as model_mod
 from longmoe.layers import attnres, kda, mla, mlp, moe
 

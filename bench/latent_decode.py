@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 
 from bench.common import markdown_table, write_results
-from bench.long_context import K, load, spread
+from bench.long_context_base import K, load, spread
 from longmoe.ops.attention import latent
 
 LENGTHS = [4 * K, 64 * K, 256 * K, 1024 * K]

@@ -24,60 +24,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from bench.common import RESULTS, ROOT, bench_tokenizer, markdown_table, provenance, write_results
 from bench.cpu_floor import active_bytes, read_bandwidth, rss_bytes
+from bench.long_context_base import (
+    CHUNK,
+    DECODE_LENGTHS,
+    PREFILL_LENGTHS,
+    K,
+    hwm_reset,
+    load,
+    merge_rows,
+    peak_rss,
+    run_label,
+    spread,
+    tiny_model,
+)
+from bench.long_context_http import http_table, run_http
 from longmoe.cache import KDAState, MLAState
 from longmoe.memory import cache_accounting
 from longmoe.model import LongMoE
 from longmoe.ops.attention import latent
-from longmoe.presets import preset
 from longmoe.runtime import release_freed_memory
 from longmoe.serve.engine import Engine, EngineConfig
 from longmoe.serve.sampling import SamplingParams
 
-K = 1024
-DECODE_LENGTHS = [4 * K, 16 * K, 64 * K, 256 * K, 1024 * K]
-PREFILL_LENGTHS = [4 * K, 16 * K, 64 * K]
-CHUNK = 4096
 PLOT = ROOT / "docs" / "figures" / "long_context.png"
-
-
-def spread(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
-
-
-def tiny_model(seed: int = 0) -> LongMoE:
-    """The ``tiny`` preset, random weights, fp32 (what the engine runs on a CPU)."""
-    torch.manual_seed(seed)
-    model = LongMoE(preset("tiny"))
-    return model.float().eval()
-
-
-def hwm_reset() -> bool:
-    """Reset this process's peak RSS (``VmHWM``) to its current RSS; False where not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss() -> int:
-    with open("/proc/self/status") as fh:
-        return int(re.search(r"VmHWM:\s+(\d+)", fh.read()).group(1)) * 1024
-
-
-def load() -> float:
-    return os.getloadavg()[0]
 
 
 # ---------------------------------------------------------------------------------------------- decode
@@ -348,7 +324,7 @@ def prefill_table(res: dict) -> str:
                 f"{r['prefix']['prefix_snapshot_bytes'] / 1e6:.1f}" if "prefix" in r else "off",
                 f"{r['predicted_cache_bytes_bf16'] / 1e6:.1f} / "
                 f"{r['predicted_cache_bytes_run_dtype'] / 1e6:.1f}",
-                f"{_run(r, res)} ({(r.get('provenance') or res['provenance']).get('threads', '?')})",
+                f"{run_label(r, res)} ({(r.get('provenance') or res['provenance']).get('threads', '?')})",
             ]
         )
     return markdown_table(header, rows)
@@ -384,113 +360,7 @@ def op_table(res: dict) -> str:
     return markdown_table(["arm", "wall ms [min, max]", "CPU ms [min, max]"], rows)
 
 
-# ------------------------------------------------------------------------------------------------ http
-def _status(pid: int, key: str) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        return int(re.search(key + r":\s+(\d+)", fh.read()).group(1)) * 1024
-
-
-def run_http(lengths: list[int], rounds: int, threads: int) -> dict:
-    """Each prompt (token ids) through ``longmoe serve`` (a child process, ``--max-context`` and
-    ``--max-body-kb`` raised, no prefix snapshots): time to the first streamed token as the client
-    sees it, and the server's peak RSS rise during the request."""
-    import socket
-    import subprocess
-    import sys
-    import tempfile
-
-    import httpx
-
-    from longmoe.checkpoint import save_model_dir
-
-    samples: dict = {n: {"ttft_s": [], "peak_rise": []} for n in lengths}
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = save_model_dir(Path(tmp) / "tiny", tiny_model(), bench_tokenizer(512))
-        with socket.socket() as sk:
-            sk.bind(("127.0.0.1", 0))
-            port = sk.getsockname()[1]
-        longest = max(lengths)
-        cmd = [sys.executable, "-m", "longmoe", "serve", "--model", str(model_dir), "--port", str(port),
-               "--max-context", str(longest + 64), "--max-body-kb", str(longest * 8 // 1024 + 64),
-               "--prefill-chunk", str(CHUNK), "--no-prefix-cache", "--log-level", "warning",
-               "--cache-budget-mb", str(max(1024, longest * 2 // 1024))]  # fmt: skip
-        # the server returns freed memory (LONGMOE_MALLOC_TUNE=0): else each request's rise counts only
-        # the growth past the earlier requests' high-water mark
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "LONGMOE_MALLOC_TUNE": "0"}
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if httpx.get(url + "/ready").status_code == 200:  # /health is 200 while loading
-                        break
-                except httpx.TransportError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("longmoe serve did not come up")
-                time.sleep(0.5)
-            for r in range(rounds):
-                for n in lengths:
-                    ids = torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(n + r)).tolist()
-                    body = {"model": "tiny", "prompt": ids, "max_tokens": 4, "temperature": 0, "stream": True,
-                            "ignore_eos": True}  # fmt: skip
-                    before = _status(proc.pid, "VmRSS")
-                    with open(f"/proc/{proc.pid}/clear_refs", "w") as fh:
-                        fh.write("5")
-                    t0, ttft = time.perf_counter(), None
-                    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=7200) as resp:
-                        resp.raise_for_status()
-                        for line in resp.iter_lines():
-                            if ttft is None and line.startswith("data: {"):
-                                ttft = time.perf_counter() - t0
-                    samples[n]["ttft_s"].append(ttft)
-                    samples[n]["peak_rise"].append(_status(proc.pid, "VmHWM") - before)
-                    print("http", r, n, {k: v[-1] for k, v in samples[n].items()}, flush=True)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
-    rows = {n: {k: spread(v) for k, v in s.items()} for n, s in samples.items()}
-    for n, row in rows.items():
-        row["prefill_tok_s"] = spread([n / t for t in samples[n]["ttft_s"]])
-    return {
-        "rows": rows,
-        "threads": threads,
-        "chunk": CHUNK,
-        "load_avg": load(),
-        "server_malloc_tuned": False,
-    }
-
-
-def http_table(res: dict) -> str:
-    header = ["prompt tokens", "n", "TTFT s [min, max]", "prefill tok/s", "server peak RSS rise MB", "run"]
-    rows = []
-    for n, r in res["rows"].items():
-        t = r["ttft_s"]
-        rows.append([f"{int(n) // K}K" + ("" if t["n"] > 1 else " (1 sample)"), t["n"],
-                     f"{t['median']:.1f} [{t['min']:.1f}, {t['max']:.1f}]", r["prefill_tok_s"]["median"],
-                     r["peak_rise"]["median"] / 1e6, _run(r, res)])  # fmt: skip
-    return markdown_table(header, rows)
-
-
-def _run(row: dict, part: dict) -> str:
-    """Which run measured a row (rows of one table may come from separate runs, at other thread counts):
-    commit and date."""
-    p = row.get("provenance") or part.get("provenance") or {}
-    return f"{p['commit']}, {p['date']}" if p else "not recorded"
-
-
 # ------------------------------------------------------------------------------------------------ main
-def merge_rows(old: dict, new: dict, lengths: list[int], prov: dict) -> dict:
-    """``new`` rows over ``old``'s rows of other lengths, by length: a long prompt runs alone (one
-    sample), so the shorter lengths' rounds stay. Each row carries the provenance of the run that measured
-    it (a kept row without one takes its old part's)."""
-    kept = {k: {"provenance": old.get("provenance"), **v} for k, v in old.get("rows", {}).items()}
-    stamped = {k: {**v, "provenance": prov} for k, v in new.items()}
-    rows = {**{k: v for k, v in kept.items() if int(k) not in lengths}, **stamped}
-    return dict(sorted(rows.items(), key=lambda kv: int(kv[0])))
-
-
 def plot(res: dict) -> None:
     from longmoe.report.plotting import pyplot
 

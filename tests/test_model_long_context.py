@@ -69,7 +69,7 @@ def test_long_chunked_prefill_equals_uncached_forward():
 def test_a_long_prompt_run_alone_keeps_the_other_lengths_rows_and_their_provenance():
     """`bench.long_context http --lengths 1048576 --rounds 1` adds a row; the 4K/16K rounds measured in an
     earlier run stay, stamped with that run's commit, and the new row carries its own."""
-    from bench.long_context import merge_rows
+    from bench.long_context_base import merge_rows
 
     old = {"provenance": {"commit": "old"}, "rows": {"4096": {"n": 3}, "16384": {"n": 3}}}
     rows = merge_rows(old, {1048576: {"n": 1}, 4096: {"n": 1}}, [1048576, 4096], {"commit": "new"})
