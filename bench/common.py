@@ -43,10 +43,18 @@ def _running_a_benchmark() -> bool:
     return bool(sys.argv and sys.argv[0]) and Path(sys.argv[0]).resolve().parent == Path(__file__).parent
 
 
+def start_commit(argv: list[str], root: Path = ROOT, allow_dirty: bool = False) -> str | None:
+    """The commit a benchmark run starts from (``require_clean``: a dirty tree is refused unless allowed);
+    None for ``-h``/``--help``, which writes no result, so help works in any tree."""
+    if any(a in ("-h", "--help") for a in argv[1:]):
+        return None
+    return require_clean(allow_dirty, root)
+
+
 START_COMMIT: str | None = None
 if _running_a_benchmark():
     try:
-        START_COMMIT = require_clean(ALLOW_DIRTY, ROOT)
+        START_COMMIT = start_commit(sys.argv, ROOT, ALLOW_DIRTY)
     except DirtyTreeError as e:
         raise SystemExit(f"error: {e}") from None
 

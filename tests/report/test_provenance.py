@@ -53,3 +53,14 @@ def test_repository_roots_are_the_checkout():
 
     for root in (card.ROOT, provenance.REPO):
         assert (root / "pyproject.toml").is_file() and (root / "bench" / "results").is_dir()
+
+
+def test_a_benchmark_refuses_a_dirty_tree_but_its_help_works_in_any(repo):
+    from bench.common import start_commit
+
+    (repo / "a.py").write_text("x = 2\n")
+    assert start_commit(["bench/kda.py", "--help"], repo) is None
+    assert start_commit(["bench/kda.py", "-h"], repo) is None
+    with pytest.raises(DirtyTreeError):
+        start_commit(["bench/kda.py", "--rounds", "3"], repo)
+    assert start_commit(["bench/kda.py"], repo, allow_dirty=True).endswith("+dirty")
