@@ -135,6 +135,27 @@ def spread(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
+def counted_spread(xs: list[float]) -> dict:
+    """``spread`` plus the sample count ``n``, for tables that mark a one-sample row or a verdict that
+    needs ``MIN_ROUNDS``."""
+    return {**spread(xs), "n": len(xs)}
+
+
+MIN_ROUNDS = 3  # fewer samples than this carry no verdict
+
+
+def verdict(lo: float, hi: float, n: int, good: Callable[[float], bool]) -> str:
+    """ "met" when the whole range [lo, hi] satisfies ``good``, "missed" when none of it does, else not
+    settled; fewer than ``MIN_ROUNDS`` samples carry no verdict."""
+    if n < MIN_ROUNDS:
+        return f"no verdict ({n} sample(s))"
+    if good(lo) and good(hi):
+        return "met"
+    if not good(lo) and not good(hi):
+        return "missed"
+    return "not settled (range crosses the target)"
+
+
 def _median_tree(values: list) -> object:
     if isinstance(values[0], dict):
         return {k: _median_tree([v[k] for v in values]) for k in values[0]}

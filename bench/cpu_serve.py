@@ -35,14 +35,13 @@ import json
 import statistics
 import time
 import warnings
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import torch
 
 from bench import common, cpu_peer
-from bench.common import RESULTS, gemm_roofline, markdown_table, write_results
+from bench.common import RESULTS, gemm_roofline, markdown_table, verdict, write_results
 from bench.cpu_floor import active_bytes, prefill_flops, read_bandwidth, rss_bytes, weight_bytes
 from longmoe.checkpoint import load_model
 from longmoe.report.provenance import load_average
@@ -52,7 +51,6 @@ from longmoe.serve.sampling import SamplingParams
 
 PARITY_TOKENS, PARITY_TOL, TOP1_MIN = 512, 1e-2, 0.99
 CHUNK = 2048  # prefill chunk (longmoe) and n_batch (llama.cpp)
-MIN_ROUNDS = 3  # fewer samples than this carry no verdict
 # llama.cpp arms: name -> (GGUF outtype, flash attention, KV type, where measured: "all" contexts, or
 # "second" (the --second-rows contexts), or "first+second")
 LLAMA_ARMS = {
@@ -92,10 +90,6 @@ def measured_at(arm: str, ctx: int, ctxs: list[int], second: list[int]) -> bool:
 
 def ids_of(n: int, seed: int, vocab: int = 512) -> list[int]:
     return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def spread(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
 class LongArm:
@@ -307,18 +301,6 @@ def profile(arms: dict, ctx: int, threads: int) -> str:
         md.append(f"## {name}: {what} (context {ctx}, {threads} thread(s))\n\n```\n{top}\n```")
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return f"# bench.cpu_serve --profile ({threads} thread(s), {stamp})\n\n" + "\n\n".join(md) + "\n"
-
-
-def verdict(lo: float, hi: float, n: int, good: Callable[[float], bool]) -> str:
-    """ "met" when the whole range [lo, hi] satisfies ``good``, "missed" when none of it does, else not
-    settled; fewer than ``MIN_ROUNDS`` samples carry no verdict."""
-    if n < MIN_ROUNDS:
-        return f"no verdict ({n} sample(s))"
-    if good(lo) and good(hi):
-        return "met"
-    if not good(lo) and not good(hi):
-        return "missed"
-    return "not settled (range crosses the target)"
 
 
 def ratio_range(ours: list[float], peer: list[float]) -> dict:

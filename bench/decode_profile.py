@@ -30,9 +30,9 @@ from collections.abc import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.common import markdown_table, write_results
+from bench.common import counted_spread, markdown_table, write_results
 from bench.long_context import synth_cache
-from bench.long_context_base import K, load, spread, tiny_model
+from bench.long_context_base import K, load, tiny_model
 from longmoe import model as model_mod
 from longmoe.layers import attnres, kda, mla, mlp, moe
 
@@ -122,9 +122,9 @@ def run(lengths: list[int], rounds: int, steps: int) -> dict:
     return {
         "rows": {
             n: {
-                "step_cpu_ms": spread(plain[n]),
+                "step_cpu_ms": counted_spread(plain[n]),
                 "aten_calls": calls[n],
-                "parts_cpu_ms": {k: spread(v) for k, v in parts[n].items()},
+                "parts_cpu_ms": {k: counted_spread(v) for k, v in parts[n].items()},
             }
             for n in lengths
         },  # fmt: skip

@@ -29,8 +29,8 @@ from collections.abc import Callable
 
 import torch
 
-from bench.common import markdown_table, write_results
-from bench.long_context_base import K, load, spread
+from bench.common import counted_spread, markdown_table, write_results
+from bench.long_context_base import K, load
 from longmoe.ops.attention import latent
 
 LENGTHS = [4 * K, 64 * K, 256 * K, 1024 * K]
@@ -122,7 +122,7 @@ def run(lengths: list[int], rounds: int) -> dict:
         nbytes = rows.numel() * rows.element_size()
         rows_out[n] = {
             "bytes": nbytes,
-            "cpu_ms": {a: spread(v) for a, v in cpu.items()},
+            "cpu_ms": {a: counted_spread(v) for a, v in cpu.items()},
             "gb_per_s": {a: nbytes / statistics.median(v) / 1e6 for a, v in cpu.items()},
             "max_abs_error": err,
         }

@@ -29,7 +29,15 @@ import time
 
 import torch
 
-from bench.common import RESULTS, ROOT, bench_tokenizer, markdown_table, provenance, write_results
+from bench.common import (
+    RESULTS,
+    ROOT,
+    bench_tokenizer,
+    counted_spread,
+    markdown_table,
+    provenance,
+    write_results,
+)
 from bench.cpu_floor import active_bytes, read_bandwidth, rss_bytes
 from bench.long_context_base import (
     CHUNK,
@@ -41,7 +49,6 @@ from bench.long_context_base import (
     merge_rows,
     peak_rss,
     run_label,
-    spread,
     tiny_model,
 )
 from bench.long_context_http import http_table, run_http
@@ -162,8 +169,8 @@ def run_decode(lengths: list[int], rounds: int, steps: int) -> dict:
         fb = floor_bytes(model, n)
         floor_ms = fb["total"] / bandwidth * 1e3
         rows[n] = {
-            "cpu_ms": {a: spread(v) for a, v in cpu[n].items() if v},
-            "wall_ms": {a: spread(v) for a, v in wall[n].items() if v},
+            "cpu_ms": {a: counted_spread(v) for a, v in cpu[n].items() if v},
+            "wall_ms": {a: counted_spread(v) for a, v in wall[n].items() if v},
             "bytes": fb,
             "floor_ms": floor_ms,
             "ratio": {a: statistics.median(v) / floor_ms for a, v in cpu[n].items() if v},
@@ -275,9 +282,9 @@ def run_prefill(lengths: list[int], rounds: int, new_tokens: int, prefix_cache: 
         predicted_bf16 = acct["kda_state_bytes_per_sequence"] + n * acct["mla_latent_bytes_per_token"]
         predicted_run = acct["kda_state_bytes_per_sequence"] + n * acct["mla_latent_bytes_per_token"] * b // 2
         s = samples[n]
-        rows[n] = {k: spread(v) for k, v in s.items()}
-        rows[n]["prefill_tok_s"] = spread([n / t for t in s["ttft_s"]])
-        rows[n]["prefill_tok_per_cpu_s"] = spread([n / t for t in s["ttft_cpu_s"]])
+        rows[n] = {k: counted_spread(v) for k, v in s.items()}
+        rows[n]["prefill_tok_s"] = counted_spread([n / t for t in s["ttft_s"]])
+        rows[n]["prefill_tok_per_cpu_s"] = counted_spread([n / t for t in s["ttft_cpu_s"]])
         rows[n]["predicted_cache_bytes_bf16"] = predicted_bf16
         rows[n]["predicted_cache_bytes_run_dtype"] = predicted_run
         if n in snaps:
@@ -348,7 +355,7 @@ def run_op(rows_n: int, rounds: int, iters: int = 3) -> dict:
             out[arm]["cpu_ms"].append((time.process_time() - c0) / iters * 1e3)
             print("op", arm, out[arm]["wall_ms"][-1], out[arm]["cpu_ms"][-1], flush=True)
     return {"rows": rows_n, "threads": torch.get_num_threads(), "load_avg": load(),
-            "arms": {a: {k: spread(v) for k, v in d.items()} for a, d in out.items()}}  # fmt: skip
+            "arms": {a: {k: counted_spread(v) for k, v in d.items()} for a, d in out.items()}}  # fmt: skip
 
 
 def op_table(res: dict) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import statistics
 
 import torch
 
@@ -16,10 +15,6 @@ K = 1024
 DECODE_LENGTHS = [4 * K, 16 * K, 64 * K, 256 * K, 1024 * K]
 PREFILL_LENGTHS = [4 * K, 16 * K, 64 * K]
 CHUNK = 4096
-
-
-def spread(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
 def tiny_model(seed: int = 0) -> LongMoE:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from bench.common import bench_tokenizer, markdown_table
-from bench.long_context_base import CHUNK, K, load, run_label, spread, tiny_model
+from bench.common import bench_tokenizer, counted_spread, markdown_table
+from bench.long_context_base import CHUNK, K, load, run_label, tiny_model
 
 
 def _status(pid: int, key: str) -> int:
@@ -79,9 +79,9 @@ def run_http(lengths: list[int], rounds: int, threads: int) -> dict:
         finally:
             proc.terminate()
             proc.wait(timeout=60)
-    rows = {n: {k: spread(v) for k, v in s.items()} for n, s in samples.items()}
+    rows = {n: {k: counted_spread(v) for k, v in s.items()} for n, s in samples.items()}
     for n, row in rows.items():
-        row["prefill_tok_s"] = spread([n / t for t in samples[n]["ttft_s"]])
+        row["prefill_tok_s"] = counted_spread([n / t for t in samples[n]["ttft_s"]])
     return {
         "rows": rows,
         "threads": threads,

@@ -31,15 +31,14 @@ from bench.common import (
     rounds_arg,
     spread,
     timeit,
+    verdict,
     write_results,
 )
-from bench.cpu_serve import verdict
 from longmoe.cli.inspect import report
 from longmoe.config import FFNConfig, ModelConfig
 from longmoe.model import LongMoE
 
 VOCAB, D, L, HEADS, HD = 2048, 256, 8, 4, 64
-_r = range_cell  # a ratio's cell: median [min, max] over rounds
 
 
 def ours_config() -> ModelConfig:
@@ -197,17 +196,35 @@ def table(res: dict, n_rounds: int, threads: int, roof: float, n_active: int) ->
     rows = []
     for r in res["train"]:
         share = 6 * n_active * r["ours_tok_s"] / roof
-        rows.append([f"train fwd+bwd T={r['T']}", "tok/s", r["ours_tok_s"], r["peer_tok_s"], _r(r["speedup"]),
-                     f"{share:.1%}"])  # fmt: skip
+        cells = [r["ours_tok_s"], r["peer_tok_s"], range_cell(r["speedup"]), f"{share:.1%}"]
+        rows.append([f"train fwd+bwd T={r['T']}", "tok/s", *cells])
     for r in res["prefill"]:
-        rows.append([f"prefill T={r['T']}", "tok/s", r["ours_tok_s"], r["peer_tok_s"], _r(r["speedup"]), ""])
+        rows.append(
+            [f"prefill T={r['T']}", "tok/s", r["ours_tok_s"], r["peer_tok_s"], range_cell(r["speedup"]), ""]
+        )
     for r in res["decode"]:
         rows.append(
-            [f"decode @ctx={r['context']}", "ms/token", r["ours_ms"], r["peer_ms"], _r(r["speedup"]), ""]
+            [
+                f"decode @ctx={r['context']}",
+                "ms/token",
+                r["ours_ms"],
+                r["peer_ms"],
+                range_cell(r["speedup"]),
+                "",
+            ]
         )
     g = res["decode_growth"]
     ctx = [r["context"] for r in res["decode"]]
-    rows.append([f"decode ms ratio ctx {ctx[-1]} / {ctx[0]}", "x", _r(g["ours"]), _r(g["peer"]), "", ""])
+    rows.append(
+        [
+            f"decode ms ratio ctx {ctx[-1]} / {ctx[0]}",
+            "x",
+            range_cell(g["ours"]),
+            range_cell(g["peer"]),
+            "",
+            "",
+        ]
+    )
     header = ["measurement", "unit", "longmoe", "transformers KimiLinear", "speedup [min, max]", "GEMM share"]
     verdicts = [
         f"training >= 10x transformers (every T): {_worst_verdict(res['train'], 10.0, n_rounds)}",
@@ -226,10 +243,9 @@ def table(res: dict, n_rounds: int, threads: int, roof: float, n_active: int) ->
 def _worst_verdict(rows: list[dict], target: float, n: int) -> str:
     """One verdict over several rows: met only if every row is met, missed if any row is missed."""
     vs = [verdict(r["speedup"]["min"], r["speedup"]["max"], n, lambda x: x >= target) for r in rows]
-    for v in ("no verdict", "missed", "not settled"):
-        if any(x.startswith(v) for x in vs):
-            return next(x for x in vs if x.startswith(v))
-    return "met"
+    return next(
+        (x for worst in ("no verdict", "missed", "not settled") for x in vs if x.startswith(worst)), "met"
+    )
 
 
 def main() -> int:
