@@ -290,15 +290,14 @@ def _checks(key: str, what: str) -> Callable[[dict], list[Headline]]:
     def f(d: dict) -> list[Headline]:
         verdicts = [c["verdict"] for c in d["checks"]]
         ok = sum(v.startswith("confirmed") for v in verdicts)
-        params = [r["params"] for r in d.get("runs", []) if r.get("params")]
-        size = f", {min(params):,}-{max(params):,} parameters" if params else ""
+        size = measured.param_range(r.get("params") for r in d.get("runs", []))
         return [
             Headline(
                 f"{key}: expectations confirmed",
                 f"{ok} of {len(verdicts)}",
                 "each expectation's own control (docs/evidence.md)",
                 "per check: ± one standard error over seeds, in the file",
-                model=what + size,
+                model=f"{what}, {size}",
             )
         ]
 

@@ -103,7 +103,12 @@ def spec_model(d: dict) -> str:
 
 def mqar_params(d: dict, pattern: str) -> str:
     """The parameter count (or range) of the trained MQAR models of ``pattern`` the file stores."""
-    ps = sorted({m["train"]["params"] for m in d.get("models") or [] if m["cell"]["pattern"] == pattern})
+    return param_range(m["train"]["params"] for m in d.get("models") or [] if m["cell"]["pattern"] == pattern)
+
+
+def param_range(counts) -> str:
+    """Parameter counts of several trained models as one phrase: one count, a range, or ``NO_COUNT``."""
+    ps = sorted({c for c in counts if c})
     if not ps:
         return NO_COUNT
     return f"{ps[0]:,} parameters" if len(ps) == 1 else f"{ps[0]:,}-{ps[-1]:,} parameters"
